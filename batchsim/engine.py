@@ -1,0 +1,341 @@
+"""The simulated serving engine: the only module that imports simpy.
+
+One SimPy process runs the engine's step loop::
+
+    deliver arrivals and cancellations due by now
+    output = scheduler.schedule(now)                      # CPU
+    cost   = cost_model.estimate(output.shape)            # one atomic forward pass
+    yield timeout(cpu_overhead + cost.time)
+    scheduler.update_from_output(output, end_times)       # CPU: sample, finish, free KV
+    record
+
+Rules, each tested:
+
+- **Same-time arrivals.** Before every ``schedule()`` the loop delivers every request whose
+  arrival time is <= now. An arrival at exactly the time of a ``schedule()`` is therefore
+  visible to it. An arrival during an iteration waits for the next boundary: a forward pass is
+  atomic and nothing changes its membership.
+- **Idle.** When nothing is runnable, the loop sleeps until the next arrival, cancellation or
+  policy timer (dynamic batching's max delay). No polling; when none exists the run ends.
+- **Cancellation.** A client disconnect at time t lets the launched iteration complete; the
+  request leaves at the first boundary at or after t.
+- **CPU overhead.** Every iteration pays ``cpu_overhead_base + cpu_overhead_per_seq x
+  num_seqs`` of scheduling / input preparation before the GPU runs. With
+  ``async_scheduling`` the CPU work of an iteration hides behind the previous GPU step when the
+  engine is busy back to back, so the iteration costs ``max(cpu, gpu)`` instead of the sum.
+- **Decode stretches.** When ``schedule()`` returns only decodes, the scheduler says how many
+  identical iterations may follow (until a request finishes or KV blocks run short); the engine
+  cuts that at the next arrival, cancellation or timer, prices all of them in one vectorized
+  cost-model call and advances in one timeout. The records are those of the individual
+  iterations. ``fast_forward=False`` runs them one at a time (same results).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from batchsim.cost import BatchShape, RooflineCostModel
+from batchsim.metrics import IterationLog
+from batchsim.request import Request, RequestStatus
+from batchsim.scheduler.interface import Scheduler
+from batchsim.scheduler.output import SchedulerOutput
+from batchsim.workload import RequestTable
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine settings in SI units."""
+
+    cpu_overhead_base: float = 0.0
+    """CPU time per iteration (s)."""
+    cpu_overhead_per_seq: float = 0.0
+    """Extra CPU time per request in the iteration (s)."""
+    async_scheduling: bool = False
+    fast_forward: bool = True
+
+
+class ArrivalSource:
+    """Requests not yet delivered, in arrival order.
+
+    Open loop: arrival times come from the workload table. Closed loop (``concurrency`` users):
+    each user's first request arrives at t=0 and the next one ``think_time`` after the previous
+    one left (finished, rejected or cancelled).
+    """
+
+    def __init__(self, table: RequestTable):
+        self.table = table
+        self.num_total = len(table.prompt_tokens)
+        self.next_index = 0
+        self.closed_loop = table.concurrency is not None
+        self._heap: list[tuple[float, int, int]] = []  # (time, request index, user)
+        if self.closed_loop:
+            assert table.concurrency is not None
+            for user in range(min(table.concurrency, self.num_total)):
+                self._heap.append((0.0, user, user))
+            self.next_index = len(self._heap)
+        else:
+            self._arrivals = table.arrival_time
+
+    def next_time(self) -> float:
+        if self.closed_loop:
+            return self._heap[0][0] if self._heap else math.inf
+        if self.next_index < self.num_total:
+            return float(self._arrivals[self.next_index])
+        return math.inf
+
+    def exhausted(self) -> bool:
+        """No further arrival is known (closed loop: every user is waiting on the engine)."""
+        return self.next_time() == math.inf
+
+    def pop_due(self, now: float) -> list[Request]:
+        """Requests whose arrival time is <= now, in order."""
+        out: list[Request] = []
+        if self.closed_loop:
+            while self._heap and self._heap[0][0] <= now:
+                time, index, user = heapq.heappop(self._heap)
+                out.append(self._make(index, time, user))
+            return out
+        arrivals = self._arrivals
+        n = self.num_total
+        i = self.next_index
+        while i < n and arrivals[i] <= now:
+            out.append(self._make(i, float(arrivals[i]), -1))
+            i += 1
+        self.next_index = i
+        return out
+
+    def on_left(self, request: Request, now: float) -> None:
+        """Closed loop: the request's user sends its next one after thinking."""
+        if not self.closed_loop or self.next_index >= self.num_total:
+            return
+        think = self.table.think_time
+        delay = float(think[self.next_index]) if think is not None else 0.0
+        heapq.heappush(self._heap, (now + delay, self.next_index, request.user_id))
+        self.next_index += 1
+
+    def _make(self, index: int, time: float, user: int) -> Request:
+        table = self.table
+        cancel = math.inf
+        if table.cancel_after is not None:
+            cancel = time + float(table.cancel_after[index])
+        return Request(
+            request_id=index,
+            arrival_time=time,
+            num_prompt_tokens=int(table.prompt_tokens[index]),
+            max_tokens=int(table.output_tokens[index]),
+            cancel_time=cancel,
+            user_id=user,
+        )
+
+
+class Engine:
+    """Runs one simulation.
+
+    Args:
+        scheduler: The batching policy, holding the KV cache.
+        cost_model: Prices each iteration.
+        table: The workload's requests.
+        options: CPU overhead and loop settings.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        cost_model: RooflineCostModel,
+        table: RequestTable,
+        options: EngineOptions,
+    ):
+        self.scheduler = scheduler
+        self.cost_model = cost_model
+        self.options = options
+        self.source = ArrivalSource(table)
+        self.requests: list[Request] = []
+        self.iterations = IterationLog()
+        self._cancels: list[tuple[float, int, Request]] = []
+        self._last_end = -math.inf
+        self.env = simpy.Environment()
+
+    def run(self) -> None:
+        """Simulate until every request has finished, been rejected or been cancelled."""
+        self.env.process(self._step_loop())
+        self.env.run()
+
+    # ----------------------------------------------------------------------- internals
+    def _deliver_due(self, now: float) -> None:
+        scheduler = self.scheduler
+        for request in self.source.pop_due(now):
+            self.requests.append(request)
+            if scheduler.add_request(request):
+                if request.cancel_time != math.inf:
+                    heapq.heappush(self._cancels, (request.cancel_time, request.request_id, request))
+            else:
+                self.source.on_left(request, now)
+        while self._cancels and self._cancels[0][0] <= now:
+            request = heapq.heappop(self._cancels)[2]
+            if not request.status.is_final:
+                scheduler.cancel(request, now)
+                self.source.on_left(request, now)
+
+    def _next_event_time(self, now: float) -> float:
+        t = self.source.next_time()
+        if self._cancels:
+            t = min(t, self._cancels[0][0])
+        timer = self.scheduler.next_timer(now)
+        if timer is not None:
+            t = min(t, timer)
+        return t
+
+    def _cpu_time(self, num_seqs: int) -> float:
+        o = self.options
+        return o.cpu_overhead_base + o.cpu_overhead_per_seq * num_seqs
+
+    def _step_loop(self):  # a SimPy process
+        env = self.env
+        scheduler = self.scheduler
+        source = self.source
+        while True:
+            now = env.now
+            self._deliver_due(now)
+            scheduler.arrivals_pending = not source.exhausted()
+            output = scheduler.schedule(now)
+            if output.is_empty:
+                wake = self._next_event_time(now)
+                if wake == math.inf:
+                    assert not scheduler.has_unfinished_requests(), (
+                        f"{type(scheduler).__name__} holds requests but schedules nothing and "
+                        "waits for no event"
+                    )
+                    return
+                yield env.timeout(wake - now)
+                continue
+            num_steps = scheduler.max_repeat_steps(output) if self.options.fast_forward else 1
+            if num_steps > 1:
+                ends = self._price_stretch(output, now, num_steps)
+            else:
+                ends = [self._price_step(output, now)]
+            end = ends[-1]
+            yield env.timeout(end - now)
+            self._last_end = end
+            for request in scheduler.update_from_output(output, ends):
+                source.on_left(request, end)
+
+    def _price_step(self, output: SchedulerOutput, now: float) -> float:
+        cost = self.cost_model.estimate(output.shape)
+        cpu = self._cpu_time(output.num_seqs)
+        gpu = cost.time
+        if self.options.async_scheduling and now == self._last_end:
+            duration = max(cpu, gpu)
+        else:
+            duration = cpu + gpu
+        shape = output.shape
+        kv = self.scheduler.kv_cache
+        self.iterations.append(
+            {
+                "start_time_s": now,
+                "duration_ms": duration * 1e3,
+                "cpu_time_ms": cpu * 1e3,
+                "gpu_time_ms": gpu * 1e3,
+                "num_seqs": output.num_seqs,
+                "num_slots": output.num_slots,
+                "num_prefill_seqs": output.num_prefill_seqs,
+                "num_decode_seqs": output.num_decode_seqs,
+                "num_prefill_tokens": shape.num_prefill_tokens,
+                "num_decode_tokens": shape.num_decode_tokens,
+                "num_padding_tokens": shape.num_padding_tokens,
+                "flops": cost.flops,
+                "weight_bytes": cost.weight_bytes,
+                "kv_bytes": cost.kv_bytes,
+                "compute_bound": bool(cost.compute_bound),
+                "kv_cache_usage": kv.usage,
+                "num_preempted": len(output.preempted),
+            }
+        )
+        return now + duration
+
+    def _price_stretch(self, output: SchedulerOutput, now: float, num_steps: int) -> list[float]:
+        """Price up to ``num_steps`` identical decode iterations; stop at the first one that
+        ends at or after the next external event. Returns the end times of those kept."""
+        shape = output.shape
+        requests = output.requests
+        window = self.scheduler.window
+        steps = np.arange(num_steps)
+        contexts = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
+        if window is not None and int(contexts.max()) + num_steps > window:
+            grid = np.minimum(contexts[None, :] + steps[:, None], window)
+            kv_read = grid.sum(axis=1)
+        else:
+            kv_read = int(np.minimum(contexts, window).sum() if window else contexts.sum())
+            kv_read = kv_read + steps * len(requests)
+        stretch = BatchShape(
+            num_seqs=shape.num_seqs,
+            num_prefill_tokens=0,
+            num_decode_tokens=shape.num_decode_tokens,
+            num_padding_tokens=shape.num_padding_tokens,
+            num_sampled_tokens=shape.num_sampled_tokens,
+            kv_read_tokens=kv_read,
+            attn_pairs=kv_read + shape.num_decode_tokens,
+        )
+        cost = self.cost_model.estimate(stretch)
+        gpu = np.broadcast_to(np.asarray(cost.time, dtype=float), (num_steps,))
+        cpu = self._cpu_time(output.num_seqs)
+        if self.options.async_scheduling:
+            durations = np.maximum(cpu, gpu)
+            if now != self._last_end:
+                durations = durations.copy()
+                durations[0] = cpu + gpu[0]
+        else:
+            durations = cpu + gpu
+        ends = now + np.cumsum(durations)
+        event = self._next_event_time(now)
+        keep = num_steps
+        if event < ends[-1]:
+            keep = int(np.searchsorted(ends, event, side="left")) + 1
+        ends = ends[:keep]
+        starts = np.concatenate(([now], ends[:-1]))
+        kv = self.scheduler.kv_cache
+        if self.scheduler.reserves_full_sequence:
+            usage: float | np.ndarray = kv.usage
+        else:
+            blocks = np.fromiter((r.num_blocks for r in requests), np.int64, len(requests))
+            need = -(-(contexts[None, :] + steps[:keep, None] + 1) // kv.block_size)
+            extra = np.maximum(need - blocks[None, :], 0).sum(axis=1)
+            usage = (kv.num_used_blocks + extra) / kv.num_blocks
+
+        def cut(x):
+            return np.asarray(x)[:keep] if np.ndim(x) else x
+
+        self.iterations.extend(
+            {
+                "start_time_s": starts,
+                "duration_ms": durations[:keep] * 1e3,
+                "cpu_time_ms": cpu * 1e3,
+                "gpu_time_ms": gpu[:keep] * 1e3,
+                "num_seqs": output.num_seqs,
+                "num_slots": output.num_slots,
+                "num_prefill_seqs": 0,
+                "num_decode_seqs": output.num_decode_seqs,
+                "num_prefill_tokens": 0,
+                "num_decode_tokens": shape.num_decode_tokens,
+                "num_padding_tokens": shape.num_padding_tokens,
+                "flops": cut(cost.flops),
+                "weight_bytes": cut(cost.weight_bytes),
+                "kv_bytes": cut(cost.kv_bytes),
+                "compute_bound": cut(cost.compute_bound),
+                "kv_cache_usage": usage,
+                "num_preempted": 0,
+            },
+            keep,
+        )
+        return ends.tolist()
+
+
+def final_statuses_ok(requests: list[Request]) -> bool:
+    """Every request ended exactly once (used by tests and as a run-end check)."""
+    return all(r.status.is_final for r in requests) and all(
+        r.status != RequestStatus.FINISHED or r.num_output_tokens == r.max_tokens for r in requests
+    )

@@ -1,0 +1,40 @@
+"""Exceptions raised by batchsim.
+
+Everything a user can cause (a bad YAML key, a missing trace file, an unknown model name)
+raises :class:`ConfigError`, whose message is one line naming the file, the key path and the
+allowed values. The CLI prints that line and exits with code 2. Anything else is a bug.
+"""
+
+from __future__ import annotations
+
+
+class BatchsimError(Exception):
+    """Base class of every exception batchsim raises on purpose."""
+
+
+class ConfigError(BatchsimError, ValueError):
+    """Bad user input: configuration, catalog entry, trace file or command-line value.
+
+    Args:
+        message: One line saying what is wrong: key path, rule and the offending value.
+        source: The file the value came from, if any; prefixed to the message.
+        line: 1-based line number in ``source``, if known.
+    """
+
+    def __init__(self, message: str, source: str | None = None, line: int | None = None):
+        self.message = message
+        self.source = source
+        self.line = line
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        where = ""
+        if self.source:
+            where = f"{self.source}:{self.line}: " if self.line else f"{self.source}: "
+        return f"{where}{self.message}"
+
+    def with_source(self, source: str, line: int | None = None) -> ConfigError:
+        """Return a copy that names ``source`` (kept if one was already set)."""
+        if self.source:
+            return self
+        return ConfigError(self.message, source, line if line is not None else self.line)

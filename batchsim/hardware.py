@@ -1,0 +1,451 @@
+"""Accelerators: :class:`HardwareProfile`, :func:`load_hardware` and :func:`list_hardware`.
+
+Owns the hardware-profile YAML schema (``hardware_profiles/<name>.yaml``: human units in the
+key names — TFLOP/s, TB/s, GB, GB/s, ms, us), its validation, and the conversion to SI units
+(FLOP/s, B/s, bytes, s) that the rest of batchsim uses. Also owns the list of realism terms a
+profile may set (:data:`EFFICIENCY_KEYS`).
+
+Must not import anything from batchsim except :mod:`batchsim.errors` and :mod:`batchsim.catalog`
+(stdlib, PyYAML, pydantic only): the cost model, the config loader and the CLI build on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from batchsim.catalog import catalog_names, resolve
+from batchsim.errors import ConfigError
+
+__all__ = [
+    "CPU_OVERHEAD_DEFAULTS",
+    "DTYPES",
+    "EFFICIENCY_KEYS",
+    "EfficiencyKey",
+    "HardwareProfile",
+    "hardware_table",
+    "list_hardware",
+    "load_hardware",
+]
+
+DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+"""Compute dtypes a profile lists under ``peak_tflops`` (ints are TOPS)."""
+
+
+@dataclass(frozen=True)
+class EfficiencyKey:
+    """One realism term of the ``efficiency:`` block.
+
+    Attributes:
+        default: Value (in the YAML unit) used when a profile omits the key.
+        per_si: YAML units per SI unit (1e6 for ``_us``, 1e3 for ``_ms``, 1 for fractions);
+            the SI value is ``yaml_value / per_si``.
+        ideal: SI value :meth:`HardwareProfile.ideal` uses (1 for fractions, 0 for overheads).
+        fraction: True: value must be in (0, 1]; False: value must be >= 0.
+        si_name: Name of the SI value: key of ``HardwareProfile.efficiency`` and, when
+            :class:`HardwareProfile` has a field of that name, that field too.
+        doc: What the term means.
+    """
+
+    default: float
+    per_si: float
+    ideal: float
+    fraction: bool
+    si_name: str
+    doc: str
+
+
+# The known keys of the `efficiency:` block, with defaults. This is the ONE place to edit to add
+# a realism term: add an entry here (default in the YAML unit, unit factor, ideal value), and the
+# loader accepts the key, validates it, fills the default when a profile omits it, converts it to
+# SI in `HardwareProfile.efficiency[si_name]` and sets it to `ideal` in `HardwareProfile.ideal()`.
+# If HardwareProfile also has a field named `si_name`, that field is filled too. The calibration
+# owner decides the final set and values (see docs/calibration.md); other keys are YAML errors.
+EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
+    "compute": EfficiencyKey(
+        default=0.80,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=True,
+        si_name="compute_efficiency",
+        doc="achievable fraction of dense peak FLOP/s on large GEMMs",
+    ),
+    "memory": EfficiencyKey(
+        default=0.85,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=True,
+        si_name="memory_efficiency",
+        doc="achievable fraction of memory bandwidth on large streaming reads",
+    ),
+    "interconnect": EfficiencyKey(
+        default=0.80,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=True,
+        si_name="interconnect_efficiency",
+        doc="achievable fraction of link bandwidth in all-reduce",
+    ),
+    "min_kernel_time_us": EfficiencyKey(
+        default=5.0,
+        per_si=1e6,
+        ideal=0.0,
+        fraction=False,
+        si_name="min_kernel_time",
+        doc="floor of one kernel launch on the GPU",
+    ),
+    "launch_overhead_ms": EfficiencyKey(
+        default=0.3,
+        per_si=1e3,
+        ideal=0.0,
+        fraction=False,
+        si_name="launch_overhead",
+        doc="fixed GPU-side cost per forward pass (gaps between kernels, sampler)",
+    ),
+    "interconnect_latency_us": EfficiencyKey(
+        default=10.0,
+        per_si=1e6,
+        ideal=0.0,
+        fraction=False,
+        si_name="interconnect_latency",
+        doc="latency term per all-reduce",
+    ),
+}
+
+CPU_OVERHEAD_DEFAULTS: dict[str, float] = {"base_ms": 1.5, "per_seq_ms": 0.01}
+"""Defaults (ms) of the ``cpu_overhead:`` block: engine CPU time per iteration."""
+
+_TOP_LEVEL_KEYS = (
+    "name",
+    "description",
+    "peak_tflops",
+    "memory_bandwidth_tb_s",
+    "memory_gb",
+    "interconnect_bandwidth_gb_s",
+    "num_compute_units",
+    "efficiency",
+    "cpu_overhead",
+    "sources",
+)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator (a single GPU), in SI units.
+
+    Attributes:
+        name: Catalog name, e.g. ``a100-80gb``.
+        description: Free text.
+        peak_flops: Dense (no 2:4 sparsity) tensor peak per dtype in FLOP/s (OP/s for ints);
+            None when the dtype is not supported. Keys: bf16, fp16, fp8, int8, int4.
+        memory_bandwidth: HBM/GDDR bandwidth, B/s.
+        memory_capacity: Device memory, bytes.
+        interconnect_bandwidth: GPU-to-GPU bandwidth per GPU per direction, B/s.
+        num_compute_units: SMs (NVIDIA) or CUs (AMD).
+        compute_efficiency: Achievable fraction of peak FLOP/s.
+        memory_efficiency: Achievable fraction of memory bandwidth.
+        interconnect_efficiency: Achievable fraction of interconnect bandwidth.
+        min_kernel_time: Floor of one kernel, s.
+        launch_overhead: Fixed GPU-side cost per forward pass, s.
+        interconnect_latency: Latency per all-reduce, s.
+        cpu_overhead_base: Engine CPU time per iteration, s.
+        cpu_overhead_per_seq: Extra engine CPU time per sequence in the batch, s.
+        efficiency: Every :data:`EFFICIENCY_KEYS` term by its ``si_name``, in SI units
+            (fractions; seconds).
+        sources: Key path -> source of the number.
+    """
+
+    name: str
+    description: str
+    peak_flops: dict[str, float | None] = field(hash=False)
+    memory_bandwidth: float
+    memory_capacity: float
+    interconnect_bandwidth: float
+    num_compute_units: int
+    compute_efficiency: float
+    memory_efficiency: float
+    interconnect_efficiency: float
+    min_kernel_time: float
+    launch_overhead: float
+    interconnect_latency: float
+    cpu_overhead_base: float
+    cpu_overhead_per_seq: float
+    efficiency: dict[str, float] = field(default_factory=dict, hash=False)
+    sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def peak_flops_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``.
+
+        Raises:
+            ConfigError: The dtype is unknown or this hardware does not support it; the message
+                names the dtypes it does support.
+        """
+        value = self.peak_flops.get(dtype)
+        if value is None:
+            allowed = ", ".join(d for d, v in self.peak_flops.items() if v is not None)
+            why = "is not supported by" if dtype in self.peak_flops else "is unknown for"
+            raise ConfigError(f"dtype {dtype!r} {why} hardware {self.name}; allowed: {allowed}")
+        return value
+
+    def ridge_point(self, dtype: str = "bf16") -> float:
+        """Datasheet ridge point, FLOP/byte: peak FLOP/s of ``dtype`` / memory bandwidth."""
+        return self.peak_flops_for(dtype) / self.memory_bandwidth
+
+    def ideal(self) -> HardwareProfile:
+        """Same hardware with every efficiency 1 and every floor/overhead (GPU and CPU) 0."""
+        eff = {spec.si_name: spec.ideal for spec in EFFICIENCY_KEYS.values()}
+        attrs = {name: value for name, value in eff.items() if name in _PROFILE_FIELDS}
+        return dataclasses.replace(
+            self,
+            efficiency=eff,
+            cpu_overhead_base=0.0,
+            cpu_overhead_per_seq=0.0,
+            **attrs,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Key numbers for ``batchsim list hardware`` (units in the key names)."""
+
+        def tflops(dtype: str) -> float | None:
+            value = self.peak_flops.get(dtype)
+            return value / 1e12 if value is not None else None
+
+        return {
+            "name": self.name,
+            "description": self.description,
+            "bf16_tflops": tflops("bf16"),
+            "fp8_tflops": tflops("fp8"),
+            "int8_tops": tflops("int8"),
+            "memory_tb_s": self.memory_bandwidth / 1e12,
+            "memory_gb": self.memory_capacity / 1e9,
+            "interconnect_gb_s": self.interconnect_bandwidth / 1e9,
+            "compute_units": self.num_compute_units,
+            "ridge_point_bf16": (
+                self.ridge_point("bf16") if self.peak_flops.get("bf16") is not None else None
+            ),
+        }
+
+
+_PROFILE_FIELDS = frozenset(f.name for f in dataclasses.fields(HardwareProfile))
+
+# --------------------------------------------------------------------------- YAML schema
+
+_Pos = Annotated[float, Field(gt=0)]
+_NonNeg = Annotated[float, Field(ge=0)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _PeakTflops(_Schema):
+    bf16: _Pos | None = None
+    fp16: _Pos | None = None
+    fp8: _Pos | None = None
+    int8: _Pos | None = None
+    int4: _Pos | None = None
+
+
+class _CpuOverhead(_Schema):
+    base_ms: _NonNeg = CPU_OVERHEAD_DEFAULTS["base_ms"]
+    per_seq_ms: _NonNeg = CPU_OVERHEAD_DEFAULTS["per_seq_ms"]
+
+
+class _ProfileYaml(_Schema):
+    name: Annotated[str, Field(min_length=1)]
+    description: str = ""
+    peak_tflops: _PeakTflops
+    memory_bandwidth_tb_s: _Pos
+    memory_gb: _Pos
+    interconnect_bandwidth_gb_s: _Pos
+    num_compute_units: Annotated[int, Field(ge=1)]
+    efficiency: dict[str, float] = {}
+    cpu_overhead: _CpuOverhead = _CpuOverhead()
+    sources: dict[str, str] = {}
+
+
+_SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
+    "": _TOP_LEVEL_KEYS,
+    "peak_tflops": DTYPES,
+    "cpu_overhead": tuple(CPU_OVERHEAD_DEFAULTS),
+    "efficiency": tuple(EFFICIENCY_KEYS),
+}
+
+
+def _line_of(text: str, path: tuple[str, ...]) -> int | None:
+    """1-based line of the key at ``path`` in a YAML document, if it can be found."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in path:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for key_node, value_node in node.value:
+            if key_node.value == part:
+                line = key_node.start_mark.line + 1
+                node = value_node
+                break
+        else:
+            break
+    return line
+
+
+def _num(value: Any) -> Any:
+    """0.0 -> 0 for messages."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _describe_error(err: dict[str, Any]) -> tuple[tuple[str, ...], str]:
+    """Turn one pydantic error into (key path, one-line message)."""
+    loc = tuple(str(p) for p in err["loc"])
+    path = ".".join(loc)
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    value = err.get("input")
+    if kind == "missing":
+        return loc, f"{path}: required key is missing"
+    if kind == "extra_forbidden":
+        parent = ".".join(loc[:-1])
+        allowed = ", ".join(_SCHEMA_FIELDS.get(parent, ()))
+        return loc, f"{path}: unknown key; allowed keys here: {allowed}"
+    if kind == "greater_than":
+        return loc, f"{path} must be > {_num(ctx.get('gt'))}, got {value!r}"
+    if kind == "greater_than_equal":
+        return loc, f"{path} must be >= {_num(ctx.get('ge'))}, got {value!r}"
+    if kind in ("float_type", "int_type", "float_parsing", "int_parsing", "int_from_float"):
+        want = "an integer" if kind.startswith("int") else "a number"
+        return loc, f"{path} must be {want}, got {value!r}"
+    if kind in ("string_type", "string_too_short"):
+        return loc, f"{path} must be a non-empty string, got {value!r}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return loc, f"{path or 'top level'} must be a mapping, got {value!r}"
+    return loc, f"{path}: {err['msg']}, got {value!r}"
+
+
+def _si(value: float, exponent: int) -> float:
+    """``value * 10**exponent`` rounded once (2.039 TB/s -> exactly 2.039e12 B/s)."""
+    return float(Decimal(repr(value)).scaleb(exponent))
+
+
+def _parse(path: Path) -> HardwareProfile:
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc.strerror}", source) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(f"malformed YAML: {problem}", source, line) from None
+    if not isinstance(raw, dict):
+        got = type(raw).__name__
+        raise ConfigError(
+            f"expected a mapping of keys to values at the top level, got {got}", source
+        )
+
+    try:
+        doc = _ProfileYaml.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        loc, message = _describe_error(errors[0])
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more errors)"
+        raise ConfigError(message, source, _line_of(text, loc)) from None
+
+    def fail(loc: tuple[str, ...], message: str) -> ConfigError:
+        return ConfigError(message, source, _line_of(text, loc))
+
+    # efficiency: only the known keys, each validated against its kind.
+    efficiency: dict[str, float] = {}
+    for key, spec in EFFICIENCY_KEYS.items():
+        value = doc.efficiency.get(key, spec.default)
+        where = ("efficiency", key)
+        if spec.fraction and not 0 < value <= 1:
+            raise fail(where, f"efficiency.{key} must be in (0, 1], got {value!r}")
+        if not spec.fraction and value < 0:
+            raise fail(where, f"efficiency.{key} must be >= 0, got {value!r}")
+        efficiency[spec.si_name] = value / spec.per_si
+    unknown = sorted(set(doc.efficiency) - set(EFFICIENCY_KEYS))
+    if unknown:
+        allowed = ", ".join(EFFICIENCY_KEYS)
+        raise fail(
+            ("efficiency", unknown[0]),
+            f"efficiency.{unknown[0]}: unknown key; allowed keys here: {allowed}",
+        )
+
+    peaks = doc.peak_tflops.model_dump()
+    if peaks["bf16"] is None and peaks["fp16"] is None:
+        raise fail(("peak_tflops",), "peak_tflops: needs at least one of bf16, fp16")
+
+    for key in doc.sources:
+        if key.split(".")[0] not in _TOP_LEVEL_KEYS:
+            allowed = ", ".join(_TOP_LEVEL_KEYS)
+            raise fail(
+                ("sources", key), f"sources.{key}: names no key of the profile; keys: {allowed}"
+            )
+
+    attrs = {name: value for name, value in efficiency.items() if name in _PROFILE_FIELDS}
+    return HardwareProfile(
+        name=doc.name,
+        description=doc.description,
+        peak_flops={d: (_si(v, 12) if v is not None else None) for d, v in peaks.items()},
+        memory_bandwidth=_si(doc.memory_bandwidth_tb_s, 12),
+        memory_capacity=_si(doc.memory_gb, 9),
+        interconnect_bandwidth=_si(doc.interconnect_bandwidth_gb_s, 9),
+        num_compute_units=doc.num_compute_units,
+        cpu_overhead_base=doc.cpu_overhead.base_ms / 1e3,
+        cpu_overhead_per_seq=doc.cpu_overhead.per_seq_ms / 1e3,
+        efficiency=efficiency,
+        sources=dict(doc.sources),
+        **attrs,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _load_path(path: str, mtime_ns: int) -> HardwareProfile:
+    return _parse(Path(path))
+
+
+def load_hardware(name_or_path: str, key: str = "hardware") -> HardwareProfile:
+    """Load a hardware profile by built-in name or YAML path.
+
+    Results are cached per file and modification time.
+
+    Args:
+        name_or_path: ``a100-80gb`` or ``path/to/profile.yaml``.
+        key: Config key that held the value, for error messages.
+
+    Raises:
+        ConfigError: Unknown name (lists the built-ins), unreadable or malformed YAML, missing,
+            unknown, wrong-typed, zero or negative value. One line naming the file and key path.
+    """
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise ConfigError(f"{key}: expected a hardware name or a file path, got {name_or_path!r}")
+    path = resolve("hardware_profiles", name_or_path, key)
+    return _load_path(str(path), path.stat().st_mtime_ns)
+
+
+def list_hardware() -> list[HardwareProfile]:
+    """Every built-in hardware profile, sorted by name."""
+    return [load_hardware(name) for name in catalog_names("hardware_profiles")]
+
+
+def hardware_table() -> list[dict[str, Any]]:
+    """One row of key numbers per built-in profile, for ``batchsim list hardware``.
+
+    Keys: name, description, bf16_tflops, fp8_tflops, int8_tops, memory_tb_s, memory_gb
+    (decimal GB), interconnect_gb_s (per direction), compute_units, ridge_point_bf16 (FLOP/B).
+    """
+    return [hw.summary() for hw in list_hardware()]

@@ -1,0 +1,47 @@
+"""Chunked prefill (Sarathi-Serve, vLLM v1).
+
+Each iteration has a token budget, ``max_num_batched_tokens``. Running requests go first in
+admission order: a decode takes one token, an unfinished prompt takes a chunk of what is left.
+Waiting requests then fill the rest of the budget, their prompts split across iterations when
+they do not fit. Non-final chunks emit no token. No new request is admitted in an iteration
+that had to preempt.
+"""
+
+from __future__ import annotations
+
+from batchsim.request import Request
+from batchsim.scheduler.interface import Scheduler
+from batchsim.scheduler.output import SchedulerOutput
+
+
+class ChunkedPrefillScheduler(Scheduler):
+    name = "chunked_prefill"
+    config_keys = frozenset(
+        {"policy", "max_num_seqs", "max_num_batched_tokens", "preemption_mode"}
+    )
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        preempted: list[Request] = []
+        requests, tokens, budget = self.schedule_running(
+            self.config.max_num_batched_tokens, preempted
+        )
+        if not preempted:
+            kv = self.kv_cache
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                request = self.waiting[0]
+                q = min(request.num_remaining_tokens, budget)
+                if not kv.allocate(request, request.num_computed_tokens + q):
+                    break
+                self.admit(request)
+                requests.append(request)
+                tokens.append(q)
+                budget -= q
+        return self.make_output(requests, tokens, now, preempted=preempted)
+
+    def policy_max_repeat(self, output: SchedulerOutput) -> int:
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            head = self.waiting[0]
+            need = self.kv_cache.blocks_needed(head, head.num_computed_tokens + 1)
+            if need <= self.kv_cache.num_free_blocks:
+                return 1
+        return 1 << 62

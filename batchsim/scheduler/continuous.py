@@ -1,0 +1,82 @@
+"""Continuous (iteration-level) batching, as in Orca and vLLM.
+
+Membership is decided again at every iteration under ``max_num_seqs`` and
+``max_num_batched_tokens``: a finished request leaves at once and a waiting one joins at the
+next iteration. A prompt is always prefilled whole, in one iteration.
+
+- ``mix_prefill_decode: false`` (default, vLLM v0): prefill first. An iteration that admits
+  new requests runs only their prefills; the running decodes stall for that iteration.
+- ``mix_prefill_decode: true`` (Orca selective batching): the running decodes and the new
+  prefills share one iteration, whose length the prefill dominates.
+
+KV blocks grow as tokens are produced; when they run out, the most recently admitted request is
+preempted (recompute).
+"""
+
+from __future__ import annotations
+
+from batchsim.request import Request
+from batchsim.scheduler.interface import Scheduler
+from batchsim.scheduler.output import SchedulerOutput
+
+
+class ContinuousScheduler(Scheduler):
+    name = "continuous"
+    config_keys = frozenset(
+        {"policy", "max_num_seqs", "max_num_batched_tokens", "mix_prefill_decode",
+         "preemption_mode"}
+    )
+
+    def policy_reject_reason(self, request: Request) -> str:
+        budget = self.config.max_num_batched_tokens
+        if request.num_prompt_tokens > budget:
+            return (
+                f"prompt of {request.num_prompt_tokens} tokens > "
+                f"scheduler.max_num_batched_tokens {budget} (only chunked_prefill splits prompts)"
+            )
+        return ""
+
+    def _admit_prefills(
+        self, token_budget: int, num_running: int, requests: list[Request], tokens: list[int]
+    ) -> None:
+        """Admit waiting requests, whole prompts, FCFS, while the budget, the batch cap and
+        the KV cache allow. A preempted request whose recompute exceeds the budget may still
+        run when it is the only prefill of the iteration."""
+        first = True
+        while self.waiting and num_running < self.max_num_seqs:
+            request = self.waiting[0]
+            q = request.num_remaining_tokens
+            if q > token_budget and not first:
+                break
+            if not self.kv_cache.allocate(request, request.num_tokens):
+                break
+            self.admit(request)
+            requests.append(request)
+            tokens.append(q)
+            token_budget -= q
+            num_running += 1
+            first = False
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        preempted: list[Request] = []
+        if not self.config.mix_prefill_decode:
+            prefills: list[Request] = []
+            prefill_tokens: list[int] = []
+            self._admit_prefills(budget, len(self.running), prefills, prefill_tokens)
+            if prefills:
+                return self.make_output(prefills, prefill_tokens, now)
+            requests, tokens, _ = self.schedule_running(budget, preempted)
+            return self.make_output(requests, tokens, now, preempted=preempted)
+        requests, tokens, left = self.schedule_running(budget, preempted)
+        if not preempted and left > 0:
+            self._admit_prefills(left, len(self.running), requests, tokens)
+        return self.make_output(requests, tokens, now, preempted=preempted)
+
+    def policy_max_repeat(self, output: SchedulerOutput) -> int:
+        # A waiting request that could be admitted would change the next iteration.
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            head = self.waiting[0]
+            if self.kv_cache.blocks_needed(head, head.num_tokens) <= self.kv_cache.num_free_blocks:
+                return 1
+        return 1 << 62

@@ -1,0 +1,394 @@
+"""The mechanism every batching policy shares.
+
+A policy decides *which* requests run in the next iteration and *how many tokens* each
+computes (:meth:`Scheduler.schedule`). Everything else lives here, once: admission checks
+(requests that can never fit are rejected with a reason), KV-block allocation, preemption by
+recompute, appending sampled tokens, finishing at the output length, cancellation at an
+iteration boundary, timestamps and inter-token-latency records.
+
+The engine drives a scheduler with four calls per iteration: :meth:`add_request` for arrivals,
+:meth:`schedule` -> cost model -> :meth:`update_from_output`, and :meth:`max_repeat_steps` to
+learn how many identical decode iterations may follow (a decode-only stretch with no
+arrival, completion or KV event in between is advanced in one go).
+
+This module imports no simpy and nothing from the engine.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from batchsim.cost import BatchShape
+from batchsim.kv_cache import KVCacheManager, num_blocks_for
+from batchsim.request import Request, RequestStatus
+from batchsim.scheduler.output import SchedulerOutput
+
+
+class SchedulerConfig(BaseModel):
+    """The ``scheduler:`` block of an experiment. Policies read the keys they need."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str = "continuous"
+    """static | dynamic | continuous | chunked_prefill, or ``package.module:Class``."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Batch cap B: most requests in one iteration (and, for request-level policies, in a batch)."""
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    """Most new tokens in one iteration (B x S); the chunked-prefill token budget."""
+    max_wait_ms: float = Field(50.0, ge=0)
+    """dynamic: launch a batch when the oldest queued request has waited this long (ms)."""
+    padding: bool = True
+    """static/dynamic: pad prompts to the longest one and keep computing finished rows
+    (naive batched generate); false packs tokens and skips finished rows."""
+    mix_prefill_decode: bool = False
+    """continuous: false = an iteration with prefills runs no decodes (vLLM v0);
+    true = prefills and decodes share the iteration (Orca selective batching)."""
+    preemption_mode: Literal["recompute"] = "recompute"
+    """What happens to a request evicted from a full KV cache: its KV is dropped and
+    recomputed when it is scheduled again."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Free-form settings for out-of-tree policies (``package.module:Class``)."""
+
+
+class ItlLog:
+    """Inter-token gaps as (time of the later token, gap, how many tokens share it).
+
+    A decode stretch of K iterations over B requests adds K-1 rows of weight B instead of
+    (K-1) x B rows, so memory grows with iterations, not with tokens.
+    """
+
+    __slots__ = ("count", "time", "value")
+
+    def __init__(self) -> None:
+        self.time: list[float] = []
+        self.value: list[float] = []
+        self.count: list[int] = []
+
+    def add(self, time: float, gap: float, count: int = 1) -> None:
+        self.time.append(time)
+        self.value.append(gap)
+        self.count.append(count)
+
+    def extend(self, times: Sequence[float], gaps: Sequence[float], count: int) -> None:
+        self.time.extend(times)
+        self.value.extend(gaps)
+        self.count.extend([count] * len(gaps))
+
+
+class Scheduler(abc.ABC):
+    """Base class of batching policies.
+
+    Subclasses implement :meth:`schedule` (and optionally :meth:`next_timer`,
+    :meth:`policy_reject_reason`, :meth:`policy_max_repeat`). Register them in
+    :mod:`batchsim.scheduler.registry`, or name them as ``package.module:Class``.
+
+    Args:
+        config: The ``scheduler:`` block.
+        kv_cache: The engine's block pool.
+        window: Sliding-window length of the model (tokens), or None.
+        max_model_len: Longest sequence (prompt + output) the engine accepts, or None.
+    """
+
+    name: ClassVar[str] = ""
+    config_keys: ClassVar[frozenset[str]] = frozenset({"policy", "max_num_seqs"})
+    """Keys of :class:`SchedulerConfig` the policy reads (others are reported as unused)."""
+    reserves_full_sequence: ClassVar[bool] = False
+    """True if admission reserves KV for prompt + all output tokens (no preemption needed)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache: KVCacheManager,
+        *,
+        window: int | None = None,
+        max_model_len: int | None = None,
+    ):
+        self.config = config
+        self.kv_cache = kv_cache
+        self.window = window
+        self.max_model_len = max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.itl = ItlLog()
+        self.arrivals_pending = True
+        """Set by the engine: False once no further arrival is known (lets request-level
+        policies launch a last, partial batch)."""
+
+    # ---------------------------------------------------------------- engine-facing calls
+    def add_request(self, request: Request) -> bool:
+        """Queue an arrival, or reject it (status REJECTED, reason set) if it can never run."""
+        reason = self.reject_reason(request)
+        if reason:
+            request.status = RequestStatus.REJECTED
+            request.reject_reason = reason
+            return False
+        self.waiting.append(request)
+        return True
+
+    def reject_reason(self, request: Request) -> str:
+        """Why ``request`` can never be served, or '' if it can."""
+        total = request.num_prompt_tokens + request.max_tokens
+        if self.max_model_len is not None and total > self.max_model_len:
+            return f"prompt+output {total} tokens > engine.max_model_len {self.max_model_len}"
+        if not self.kv_cache.can_ever_fit(total):
+            need = num_blocks_for(total, self.kv_cache.block_size)
+            return f"needs {need} KV blocks > KV cache capacity {self.kv_cache.num_blocks}"
+        return self.policy_reject_reason(request)
+
+    def policy_reject_reason(self, request: Request) -> str:
+        """Policy-specific reason to reject ``request`` at arrival ('' = accept)."""
+        return ""
+
+    def cancel(self, request: Request, now: float) -> None:
+        """Drop a request whose client disconnected; called at an iteration boundary."""
+        if request.status.is_final:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.CANCELLED
+        request.finish_time = now
+        self.on_request_left(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @abc.abstractmethod
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Choose the next iteration's requests and tokens (empty output = nothing runnable)."""
+
+    def next_timer(self, now: float) -> float | None:
+        """A future time at which :meth:`schedule` may decide differently with no arrival
+        (e.g. dynamic batching's max delay), or None."""
+        return None
+
+    def policy_max_repeat(self, output: SchedulerOutput) -> int:
+        """Policy limit on repeating a decode-only ``output`` (default: unlimited)."""
+        return 1 << 62
+
+    def max_repeat_steps(self, output: SchedulerOutput) -> int:
+        """How many consecutive iterations would run exactly this decode-only batch.
+
+        Bounded by the first request to finish (its last token ends the stretch), by the KV
+        blocks the growing contexts need, and by the policy. 1 for anything but pure decode.
+        """
+        if not output.is_decode_only or output.num_prefill_seqs:
+            return 1
+        steps = min(r.max_tokens - r.num_output_tokens for r in output.requests)
+        steps = min(steps, self.policy_max_repeat(output))
+        if steps > 1 and not self.reserves_full_sequence:
+            steps = self._kv_limited_steps(output.requests, steps)
+        return max(1, steps)
+
+    def update_from_output(
+        self, output: SchedulerOutput, step_end_times: Sequence[float]
+    ) -> list[Request]:
+        """Apply ``len(step_end_times)`` iterations of ``output``; return finished requests.
+
+        More than one end time is allowed only for a decode-only output and no more than
+        :meth:`max_repeat_steps` allowed.
+        """
+        num_steps = len(step_end_times)
+        end = step_end_times[-1]
+        finished: list[Request] = []
+        itl = self.itl
+        if num_steps == 1:
+            for request, num_new in zip(output.requests, output.num_scheduled_tokens):
+                if request.status != RequestStatus.RUNNING:
+                    continue  # preempted later in the same schedule() call
+                request.num_computed_tokens += num_new
+                if request.num_computed_tokens < request.num_tokens:
+                    continue  # a non-final prompt chunk samples nothing
+                request.num_output_tokens += 1
+                if request.num_output_tokens == 1:
+                    request.first_token_time = end
+                else:
+                    itl.add(end, end - request.last_token_time)
+                request.last_token_time = end
+                if request.num_output_tokens >= request.max_tokens:
+                    finished.append(request)
+        else:
+            first_end = step_end_times[0]
+            kv = self.kv_cache
+            for request in output.requests:
+                itl.add(first_end, first_end - request.last_token_time)
+                grown = request.num_computed_tokens + num_steps
+                ok = kv.allocate(request, grown)
+                assert ok, "decode stretch ran out of KV blocks; max_repeat_steps is wrong"
+                request.num_computed_tokens = grown
+                request.num_output_tokens += num_steps
+                request.last_token_time = end
+                assert request.num_output_tokens <= request.max_tokens, "stretch overshot"
+                if request.num_output_tokens == request.max_tokens:
+                    finished.append(request)
+            ends = list(step_end_times)
+            gaps = [b - a for a, b in zip(ends, ends[1:])]
+            itl.extend(ends[1:], gaps, len(output.requests))
+        for request in finished:
+            request.status = RequestStatus.FINISHED
+            request.finish_time = end
+            self.kv_cache.free(request)
+            self.running.remove(request)
+            self.on_request_left(request)
+        return finished
+
+    def on_request_left(self, request: Request) -> None:
+        """Hook: ``request`` finished or was cancelled (request-level policies track slots)."""
+
+    # ------------------------------------------------------------- helpers for policies
+    def make_output(
+        self,
+        requests: list[Request],
+        num_tokens: list[int],
+        now: float,
+        *,
+        preempted: list[Request] | None = None,
+        pad_prompts: bool = False,
+        num_slots: int | None = None,
+        compute_empty_slots: bool = False,
+    ) -> SchedulerOutput:
+        """Build a :class:`SchedulerOutput` and its :class:`BatchShape` (one pass, O(batch)).
+
+        Args:
+            pad_prompts: Pad every prefill row to the longest one (rectangular prefill).
+            num_slots: Batch width including empty slots (default: ``len(requests)``).
+            compute_empty_slots: Empty slots still run as padding rows (naive static batching).
+        """
+        window = self.window
+        prefill_tokens = decode_tokens = sampled = kv_read = pairs = 0
+        num_prefill = num_decode = 0
+        longest = max(num_tokens) if (pad_prompts and num_tokens) else 0
+        padding = 0
+        for request, q in zip(requests, num_tokens):
+            if request.first_scheduled_time != request.first_scheduled_time:  # NaN: first time
+                request.first_scheduled_time = now
+            c = request.num_computed_tokens
+            if window is not None and c > window:
+                c = window
+            if request.num_output_tokens and request.num_computed_tokens + 1 == request.num_tokens:
+                num_decode += 1
+                decode_tokens += q
+                rows = q
+            else:
+                num_prefill += 1
+                prefill_tokens += q
+                rows = longest if longest > q else q
+                padding += rows - q
+            kv_read += c
+            pairs += rows * c + rows * (rows + 1) // 2
+            if request.num_computed_tokens + q == request.num_tokens:
+                sampled += 1
+        slots = len(requests) if num_slots is None else num_slots
+        if compute_empty_slots:
+            empty = slots - len(requests)
+            padding += empty
+            sampled += empty
+        shape = BatchShape(
+            num_seqs=len(requests),
+            num_prefill_tokens=prefill_tokens,
+            num_decode_tokens=decode_tokens,
+            num_padding_tokens=padding,
+            num_sampled_tokens=sampled,
+            kv_read_tokens=kv_read,
+            attn_pairs=pairs,
+        )
+        return SchedulerOutput(
+            requests=requests,
+            num_scheduled_tokens=num_tokens,
+            shape=shape,
+            num_prefill_seqs=num_prefill,
+            num_decode_seqs=num_decode,
+            num_slots=slots,
+            preempted=preempted or [],
+        )
+
+    def admit(self, request: Request) -> None:
+        """Move the head of the waiting queue into the running set."""
+        popped = self.waiting.popleft()
+        assert popped is request, "admit() takes the head of the waiting queue"
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def preempt(self, request: Request) -> None:
+        """Evict a running request by recompute: free its KV, send it to the queue front."""
+        self.running.remove(request)
+        self.kv_cache.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def allocate_or_preempt(
+        self, request: Request, num_tokens: int, preempted: list[Request]
+    ) -> bool:
+        """Grow ``request`` to ``num_tokens`` KV tokens, preempting the lowest-priority
+        running requests (the most recently admitted) until it fits.
+
+        Returns False if ``request`` itself had to be preempted. Callers walk
+        ``self.running`` front to back, so a victim is never one already scheduled.
+        """
+        while not self.kv_cache.allocate(request, num_tokens):
+            victim = self.running[-1]
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def schedule_running(
+        self, token_budget: int, preempted: list[Request]
+    ) -> tuple[list[Request], list[int], int]:
+        """Schedule every running request in order: decodes take one token, unfinished
+        prompts a chunk of what is left of the budget. Returns (requests, tokens, budget left).
+        """
+        requests: list[Request] = []
+        tokens: list[int] = []
+        i = 0
+        running = self.running
+        while i < len(running) and token_budget > 0:
+            request = running[i]
+            q = min(request.num_remaining_tokens, token_budget)
+            if not self.allocate_or_preempt(request, request.num_computed_tokens + q, preempted):
+                break
+            requests.append(request)
+            tokens.append(q)
+            token_budget -= q
+            i += 1
+        return requests, tokens, token_budget
+
+    def _kv_limited_steps(self, requests: Sequence[Request], steps: int) -> int:
+        """Largest k <= steps such that every request can grow by k tokens without preemption
+        (the first step's blocks are already allocated)."""
+        kv = self.kv_cache
+        block = kv.block_size
+        free = kv.num_free_blocks
+
+        def need(k: int) -> int:
+            total = 0
+            for r in requests:
+                extra = -(-(r.num_computed_tokens + k) // block) - r.num_blocks
+                if extra > 0:
+                    total += extra
+            return total
+
+        if need(steps) <= free:
+            return steps
+        lo, hi = 1, steps  # need(lo) <= free (step 1 is allocated), need(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+

@@ -1,0 +1,52 @@
+"""What one iteration runs: the scheduler's decision, handed to the cost model and the engine.
+
+This module imports only :mod:`batchsim.request` and :mod:`batchsim.cost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchsim.cost import BatchShape
+from batchsim.request import Request
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The composition of one iteration (vLLM: ``SchedulerOutput``).
+
+    ``requests[i]`` computes ``num_scheduled_tokens[i]`` new tokens on top of the
+    ``num_computed_tokens`` it already holds.
+    """
+
+    requests: list[Request]
+    num_scheduled_tokens: list[int]
+    shape: BatchShape
+    num_prefill_seqs: int = 0
+    """Requests computing prompt (or recomputed) tokens this iteration."""
+    num_decode_seqs: int = 0
+    """Requests computing their last sampled token (one token each)."""
+    num_slots: int = 0
+    """Width of the batch: requests plus empty slots (request-level policies keep the slots of
+    finished requests until the whole batch ends)."""
+    preempted: list[Request] = field(default_factory=list)
+    """Requests evicted from the KV cache while building this iteration."""
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.requests)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_prefill_seqs == 0 and self.num_decode_seqs > 0
+
+    @property
+    def num_empty_slots(self) -> int:
+        return self.num_slots - len(self.requests)
+
+
+EMPTY_SHAPE = BatchShape(num_seqs=0)

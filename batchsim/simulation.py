@@ -1,0 +1,229 @@
+"""Assemble and run one experiment: config -> catalogs -> cost model -> KV cache -> policy ->
+engine -> tables and summary, and write the output directory.
+
+The output files and their names are a contract (``summary.json``, ``requests.csv``,
+``iterations.csv``, ``config.yaml``); a run writes them into a temporary directory next to the
+target and moves them in place only when everything succeeded, so bad input never leaves a
+half-written directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from batchsim.config import ExperimentConfig, dump_config, load_experiment, unused_scheduler_keys
+from batchsim.cost import RooflineCostModel
+from batchsim.engine import Engine, EngineOptions
+from batchsim.errors import ConfigError
+from batchsim.hardware import HardwareProfile, load_hardware
+from batchsim.kv_cache import KVCacheManager, kv_capacity_blocks
+from batchsim.metrics import requests_frame, summarize
+from batchsim.model import ModelSpec, dtype_bytes, load_model
+from batchsim.scheduler.registry import load_policy
+from batchsim.workload import generate
+
+OUTPUT_FILES = ("summary.json", "requests.csv", "iterations.csv", "config.yaml")
+
+
+@dataclass
+class Result:
+    """What one run produced.
+
+    Attributes:
+        summary: ``summary.json`` as a dict (vLLM benchmark names plus batchsim's own).
+        requests: One row per request (``requests.csv``).
+        iterations: One row per iteration (``iterations.csv``).
+        config: The resolved experiment.
+        notes: Things the user should know (e.g. keys the chosen policy ignores).
+    """
+
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    config: ExperimentConfig
+    notes: list[str] = field(default_factory=list)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write the output files into ``out_dir`` (created if needed); return it."""
+        target = Path(out_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            (tmp / "summary.json").write_text(
+                json.dumps(_jsonable(self.summary), indent=2) + "\n", encoding="utf-8"
+            )
+            self.requests.to_csv(tmp / "requests.csv", index=False, float_format="%.9g")
+            self.iterations.to_csv(tmp / "iterations.csv", index=False, float_format="%.9g")
+            (tmp / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
+            target.mkdir(exist_ok=True)
+            for name in OUTPUT_FILES:
+                (tmp / name).replace(target / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        v = float(value)
+        return None if math.isnan(v) or math.isinf(v) else v
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def activation_reserve_bytes(
+    model: ModelSpec, config: ExperimentConfig, tp: int
+) -> float:
+    """Memory kept free for one forward pass's activations on one GPU (bytes).
+
+    The peak of a forward pass over the token budget T: a few hidden-size tensors and the MLP's
+    intermediate tensors per token, plus fp32 logits for the sampled rows. A deliberate,
+    documented estimate; ``engine.activation_reserve_gb`` overrides it.
+    """
+    if config.engine.activation_reserve_gb is not None:
+        return config.engine.activation_reserve_gb * 1e9
+    tokens = config.scheduler.max_num_batched_tokens
+    act_bytes = 2.0  # activations stay in 16-bit even with quantized weights
+    width = model.intermediate_size
+    if model.is_moe and model.moe_intermediate_size:
+        width = max(model.moe_intermediate_size * model.num_experts_per_tok, width or 0)
+    per_token = (4 * model.hidden_size + 2 * width / tp) * act_bytes
+    logits = config.scheduler.max_num_seqs * model.vocab_size / tp * 4.0
+    return tokens * per_token + logits
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything built from a config before the simulation starts."""
+
+    config: ExperimentConfig
+    hardware: HardwareProfile
+    model: ModelSpec
+    cost_model: RooflineCostModel
+    num_gpu_blocks: int
+
+
+def build(config: ExperimentConfig) -> Setup:
+    """Load catalogs and size the KV cache; raises ConfigError on anything inconsistent."""
+    hardware = load_hardware(config.hardware)
+    model = load_model(config.model)
+    tp = config.parallel.tensor_parallel_size
+    engine = config.engine
+    cost_model = RooflineCostModel(
+        model, hardware, tp=tp, dtype=engine.dtype, kv_dtype=engine.kv_cache_dtype
+    )
+    if engine.num_gpu_blocks is not None:
+        blocks = engine.num_gpu_blocks
+    else:
+        block_bytes = cost_model.kv_bytes_per_token_per_gpu * engine.block_size
+        blocks = kv_capacity_blocks(
+            memory_bytes=hardware.memory_capacity,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            weight_bytes=cost_model.weight_bytes_per_gpu,
+            activation_reserve_bytes=activation_reserve_bytes(model, config, tp),
+            block_bytes=block_bytes,
+        )
+    dtype_bytes(engine.dtype, "engine.dtype")
+    return Setup(config, hardware, model, cost_model, blocks)
+
+
+def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
+    """Run one validated experiment and return its :class:`Result`."""
+    wall_start = time.perf_counter()
+    setup = build(config)
+    table = generate(config.workload, config.seed, base_dir)
+    engine_cfg = config.engine
+    hardware = setup.hardware
+    policy_cls = load_policy(config.scheduler.policy)
+    kv = KVCacheManager(setup.num_gpu_blocks, engine_cfg.block_size)
+    max_len = engine_cfg.max_model_len or setup.model.max_position_embeddings
+    scheduler = policy_cls(
+        config.scheduler, kv, window=setup.model.sliding_window, max_model_len=max_len
+    )
+    options = EngineOptions(
+        cpu_overhead_base=(
+            engine_cfg.cpu_overhead_ms / 1e3
+            if engine_cfg.cpu_overhead_ms is not None
+            else hardware.cpu_overhead_base
+        ),
+        cpu_overhead_per_seq=(
+            engine_cfg.cpu_overhead_per_seq_ms / 1e3
+            if engine_cfg.cpu_overhead_per_seq_ms is not None
+            else hardware.cpu_overhead_per_seq
+        ),
+        async_scheduling=engine_cfg.async_scheduling,
+        fast_forward=engine_cfg.fast_forward,
+    )
+    engine = Engine(scheduler, setup.cost_model, table, options)
+    engine.run()
+    requests = requests_frame(engine.requests)
+    iterations = engine.iterations.to_frame()
+    itl = scheduler.itl
+    summary = summarize(
+        requests,
+        iterations,
+        np.asarray(itl.time, dtype=float),
+        np.asarray(itl.value, dtype=float),
+        np.asarray(itl.count, dtype=np.int64),
+        num_preemptions=scheduler.num_preemptions,
+        max_kv_cache_usage=kv.max_used_blocks / kv.num_blocks,
+        slo=config.slo.model_dump() if config.slo else None,
+        warmup_s=config.metrics.warmup_s,
+        cooldown_s=config.metrics.cooldown_s,
+    )
+    summary["num_gpu_blocks"] = kv.num_blocks
+    summary["kv_cache_capacity_tokens"] = kv.capacity_tokens
+    summary["wall_time_s"] = time.perf_counter() - wall_start
+    summary["config"] = config.model_dump(mode="json", exclude_none=True)
+    notes = [
+        f"scheduler.{key} is not used by policy {config.scheduler.policy}"
+        for key in unused_scheduler_keys(config, policy_cls.config_keys)
+    ]
+    return Result(summary, requests, iterations, config, notes)
+
+
+def run(
+    experiment: str | Path | Mapping[str, Any] | ExperimentConfig,
+    out_dir: str | Path | None = None,
+    **overrides: Any,
+) -> Result:
+    """Simulate an experiment.
+
+    Args:
+        experiment: Path to an experiment YAML, a built-in experiment name, a mapping, or an
+            :class:`ExperimentConfig`.
+        out_dir: If given, write the output files there.
+        **overrides: Dotted keys or top-level blocks, e.g.
+            ``run("exp.yaml", **{"scheduler.max_num_seqs": 8})`` or
+            ``run("exp.yaml", scheduler={"max_num_seqs": 8})``.
+
+    Raises:
+        ConfigError: Bad input (nothing is written).
+    """
+    if isinstance(experiment, ExperimentConfig):
+        if overrides:
+            raise ConfigError("overrides need a path or a mapping, not an ExperimentConfig")
+        config, base = experiment, None
+    else:
+        config = load_experiment(experiment, overrides)
+        base = Path(experiment).parent if isinstance(experiment, (str, Path)) else None
+    result = simulate(config, base)
+    if out_dir is not None:
+        result.write(out_dir)
+    return result
