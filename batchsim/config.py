@@ -234,6 +234,8 @@ def load_experiment(
         data, text = read_mapping(path)
         source, base = str(path), path.parent
     if overrides:
+        # A named workload becomes a mapping first, so --set workload.x=... can reach into it.
+        _expand_workload(data, base, source)
         data = apply_overrides(data, overrides)
     return validate_experiment(data, source=source, text=text, base_dir=base)
 

@@ -117,6 +117,71 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         si_name="interconnect_latency",
         doc="latency term per all-reduce",
     ),
+    "attention": EfficiencyKey(
+        default=0.35,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=True,
+        si_name="attention_efficiency",
+        doc="achievable fraction of dense peak FLOP/s in the attention kernel (causal FLOPs)",
+    ),
+    "attention_masked_fraction": EfficiencyKey(
+        default=1.0,
+        per_si=1.0,
+        ideal=0.0,
+        fraction=False,
+        si_name="attention_masked_fraction",
+        doc="share of a prefill chunk's causally masked (query, key) pairs the attention kernel "
+        "still computes (1: whole tiles, no causal skipping; 0: perfect skipping)",
+    ),
+    "attention_kernel_time_us": EfficiencyKey(
+        default=13.0,
+        per_si=1e6,
+        ideal=0.0,
+        fraction=False,
+        si_name="attention_kernel_time",
+        doc="fixed time of one attention kernel call (launch, split-KV combine), per layer",
+    ),
+    "elementwise": EfficiencyKey(
+        default=0.5,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=True,
+        si_name="elementwise_efficiency",
+        doc="achievable fraction of memory bandwidth in norm/activation/rotary/add kernels",
+    ),
+    "elementwise_kernel_time_us": EfficiencyKey(
+        default=2.5,
+        per_si=1e6,
+        ideal=0.0,
+        fraction=False,
+        si_name="elementwise_kernel_time",
+        doc="fixed time of one elementwise kernel (norm, activation, rotary, add, KV write)",
+    ),
+    "gemm_tile_m": EfficiencyKey(
+        default=128.0,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=False,
+        si_name="gemm_tile_m",
+        doc="GEMM output tile rows (tokens) of the large tensor-core kernels",
+    ),
+    "gemm_tile_n": EfficiencyKey(
+        default=128.0,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=False,
+        si_name="gemm_tile_n",
+        doc="GEMM output tile columns (output features) of the large tensor-core kernels",
+    ),
+    "transition_exponent": EfficiencyKey(
+        default=2.0,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=False,
+        si_name="transition_exponent",
+        doc="p of the p-norm (t_c^p + t_m^p)^(1/p) joining compute and memory time of a kernel",
+    ),
 }
 
 CPU_OVERHEAD_DEFAULTS: dict[str, float] = {"base_ms": 1.5, "per_seq_ms": 0.01}
@@ -275,7 +340,6 @@ _SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
     "": _TOP_LEVEL_KEYS,
     "peak_tflops": DTYPES,
     "cpu_overhead": tuple(CPU_OVERHEAD_DEFAULTS),
-    "efficiency": tuple(EFFICIENCY_KEYS),
 }
 
 

@@ -545,9 +545,6 @@ class _Reader:
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{key} {message}", self.source, _line_of(self.text, (key,)))
 
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
     def int_(self, key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
         """An integer >= ``minimum``; ``default`` when missing or null (required if not given)."""
         self.used.add(key)
@@ -606,7 +603,7 @@ def _spec_from_mapping(
     if model_type in _LLAMA_FAMILY:
         fields = _llama_family(r, model_type)
     elif model_type in _DEEPSEEK:
-        fields = _deepseek(r, model_type)
+        fields = _deepseek(r)
     elif model_type == "opt":
         fields = _opt(r)
     else:
@@ -661,7 +658,9 @@ def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
             raise r.error("num_attention_heads", f"must divide hidden_size {hidden}, got {heads}")
         head_dim = hidden // heads
     attention_bias = r.bool_("attention_bias", False)
-    if model_type in ("mistral", "mixtral"):
+    if model_type == "mistral" and "sliding_window" not in r.data:
+        sliding = 4096  # MistralConfig default (Mistral-7B-v0.1); newer configs write null
+    elif model_type in ("mistral", "mixtral"):
         sliding = r.int_("sliding_window", default=None)
     elif model_type == "qwen2":
         use = r.bool_("use_sliding_window", False)
@@ -700,7 +699,7 @@ def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
     return fields
 
 
-def _deepseek(r: _Reader, model_type: str) -> dict[str, Any]:
+def _deepseek(r: _Reader) -> dict[str, Any]:
     layers = r.int_("num_hidden_layers")
     heads = r.int_("num_attention_heads")
     nope = r.int_("qk_nope_head_dim")

@@ -11,7 +11,9 @@ model class), joins the path with dots under a prefix and writes one line in bat
     workload.arrivl: unknown key; allowed keys: arrival, concurrency, ...
 
 :class:`ConfigModel` is the base class every config model should use (``extra="forbid"``,
-frozen). This module imports nothing from batchsim but :mod:`batchsim.errors`.
+frozen). Cross-field checks in a model validator raise :class:`FieldError` to name the key at
+fault (``workload.prompt_tokens.max must be >= min (10), got 5``). This module imports nothing
+from batchsim but :mod:`batchsim.errors`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pydantic.fields import FieldInfo
 
 from batchsim.errors import ConfigError
 
-__all__ = ["ConfigModel", "config_error_from_pydantic", "format_value"]
+__all__ = ["ConfigModel", "FieldError", "config_error_from_pydantic", "format_value"]
 
 _MAX_VALUE_CHARS = 60
 
@@ -36,12 +38,29 @@ class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FieldError(ValueError):
+    """Raise from a model validator to blame one key of the model being validated.
+
+    ``FieldError("max", "must be >= min (10), got 5")`` raised while validating
+    ``workload.prompt_tokens`` reads ``workload.prompt_tokens.max must be >= min (10), got 5``.
+
+    Args:
+        key: Dotted path of the offending key, relative to the model.
+        message: The rest of the sentence, starting with a verb ("must be", "is required").
+    """
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
 def format_value(value: Any) -> str:
     """Short, one-line rendering of an offending input value for an error message."""
-    if isinstance(value, bool) or value is None:
-        text = str(value).lower() if value is not None else "null"
-    elif isinstance(value, (int, float)):
-        text = repr(value)
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = str(value).lower()
     else:
         text = repr(value)
     text = " ".join(text.split())
@@ -71,7 +90,7 @@ def config_error_from_pydantic(
     Returns:
         A ``ConfigError`` whose message names the dotted key path, the rule and the value.
     """
-    errors = exc.errors(include_url=False)
+    errors: list[dict[str, Any]] = [dict(e) for e in exc.errors(include_url=False)]
     if not errors:  # pragma: no cover - pydantic never raises an empty ValidationError
         return ConfigError(f"{prefix or 'config'}: invalid value", source)
     root = model if model is not None else _find_model(exc.title)
@@ -133,6 +152,9 @@ def _describe(err: dict[str, Any], prefix: str, root: type[BaseModel] | None) ->
         return f"{where} must be a list, got {value}"
     if kind in ("too_short", "too_long"):
         return f"{where}: {_lower_first(err['msg'])}"
+    error = ctx.get("error")
+    if kind == "value_error" and isinstance(error, FieldError):
+        return f"{_join(path, [error.key])} {error.message}"
     if kind in ("value_error", "assertion_error"):
         msg = str(err["msg"])
         for lead in ("Value error, ", "Assertion failed, "):

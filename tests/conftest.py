@@ -1,0 +1,76 @@
+"""Factories shared by the tests: schedulers without an engine, requests, tiny experiments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from batchsim.kv_cache import KVCacheManager
+from batchsim.request import Request
+from batchsim.scheduler.interface import Scheduler, SchedulerConfig
+from batchsim.scheduler.registry import POLICIES
+
+
+def create_scheduler(
+    policy: str = "continuous",
+    *,
+    num_blocks: int = 10_000,
+    block_size: int = 16,
+    window: int | None = None,
+    max_model_len: int | None = None,
+    **config: Any,
+) -> Scheduler:
+    """A policy over a KV pool of ``num_blocks`` blocks, driven directly by the test."""
+    cfg = SchedulerConfig(policy=policy, **config)
+    kv = KVCacheManager(num_blocks, block_size)
+    return POLICIES[policy](cfg, kv, window=window, max_model_len=max_model_len)
+
+
+def create_requests(
+    num: int, prompt: int = 16, output: int = 4, arrival: float = 0.0, start_id: int = 0
+) -> list[Request]:
+    return [
+        Request(
+            request_id=start_id + i,
+            arrival_time=arrival,
+            num_prompt_tokens=prompt,
+            max_tokens=output,
+        )
+        for i in range(num)
+    ]
+
+
+def step(scheduler: Scheduler, now: float, duration: float = 1.0):
+    """One iteration of ``duration`` seconds: schedule, then apply its output."""
+    output = scheduler.schedule(now)
+    finished = scheduler.update_from_output(output, [now + duration]) if output.requests else []
+    return output, finished
+
+
+def tiny_experiment(**overrides: Any) -> dict[str, Any]:
+    """A small, fast experiment mapping (Llama-2-7B on an A100-80GB)."""
+    data: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 0,
+        "hardware": "a100-80gb",
+        "model": "llama-2-7b",
+        "scheduler": {"policy": "continuous", "max_num_seqs": 32},
+        "workload": {
+            "num_requests": 60,
+            "arrival": {"process": "poisson", "rate": 5.0},
+            "prompt_tokens": {"dist": "uniform", "min": 32, "max": 256},
+            "output_tokens": {"dist": "uniform", "min": 8, "max": 64},
+        },
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.fixture
+def experiment() -> dict[str, Any]:
+    return tiny_experiment()

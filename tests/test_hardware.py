@@ -1,0 +1,301 @@
+"""Claims about batchsim.hardware: profiles load, are sourced, convert to SI, reject bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchsim.catalog import catalog_dir, catalog_names
+from batchsim.errors import ConfigError
+from batchsim.hardware import (
+    EFFICIENCY_KEYS,
+    EfficiencyKey,
+    HardwareProfile,
+    hardware_table,
+    list_hardware,
+    load_hardware,
+)
+
+HARDWARE_NAMES = catalog_names("hardware_profiles")
+REQUIRED_PROFILES = {
+    "a100-40gb",
+    "a100-80gb",
+    "a100-80gb-pcie",
+    "a40",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "b200",
+    "l4",
+    "l40s",
+    "mi300x",
+    "mi325x",
+}
+
+
+def _raw(name: str) -> dict[str, Any]:
+    return yaml.safe_load((catalog_dir("hardware_profiles") / f"{name}.yaml").read_text())
+
+
+def _numeric_paths(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        paths: list[str] = []
+        for key, value in node.items():
+            paths += _numeric_paths(value, f"{prefix}{key}.")
+        return paths
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return [prefix.rstrip(".")]
+    return []
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+def test_catalog_has_the_required_profiles() -> None:
+    assert set(HARDWARE_NAMES) >= REQUIRED_PROFILES
+
+
+@pytest.mark.parametrize("name", HARDWARE_NAMES)
+def test_every_profile_loads_with_positive_si_values(name: str) -> None:
+    hw = load_hardware(name)
+    assert hw.name == name
+    assert hw.description
+    assert hw.memory_bandwidth > 1e11  # > 100 GB/s
+    assert hw.memory_capacity >= 16e9
+    assert hw.interconnect_bandwidth > 0
+    assert hw.num_compute_units > 0
+    assert hw.peak_flops_for("bf16") > 1e14
+    assert set(hw.peak_flops) == {"bf16", "fp16", "fp8", "int8", "int4"}
+    # Dense datasheet peaks: low-precision rates are at least the bf16 rate when supported.
+    for dtype in ("fp8", "int8", "int4"):
+        value = hw.peak_flops[dtype]
+        assert value is None or value >= hw.peak_flops_for("bf16")
+    assert 50 < hw.ridge_point("bf16") < 1000
+
+
+@pytest.mark.parametrize("name", HARDWARE_NAMES)
+def test_every_number_has_a_source(name: str) -> None:
+    raw = _raw(name)
+    sources = raw["sources"]
+    body = {k: v for k, v in raw.items() if k != "sources"}
+    for path in _numeric_paths(body):
+        parts = path.split(".")
+        prefixes = {".".join(parts[: i + 1]) for i in range(len(parts))}
+        assert prefixes & set(sources), f"{name}: {path} has no source"
+    # Null peaks (unsupported dtypes) are claims too: they sit under the sourced peak_tflops.
+    assert "peak_tflops" in sources
+    assert all(isinstance(v, str) and v.strip() for v in sources.values())
+
+
+@pytest.mark.parametrize("name", HARDWARE_NAMES)
+def test_builtin_profiles_carry_the_initial_efficiency_values(name: str) -> None:
+    raw = _raw(name)
+    assert raw["efficiency"] == {
+        "compute": 0.80,
+        "memory": 0.85,
+        "interconnect": 0.80,
+        "min_kernel_time_us": 5.0,
+        "launch_overhead_ms": 0.3,
+        "interconnect_latency_us": 10,
+    }
+    assert raw["cpu_overhead"] == {"base_ms": 1.5, "per_seq_ms": 0.01}
+    assert raw["sources"]["efficiency"] == "initial estimate; see docs/calibration.md"
+    assert raw["sources"]["cpu_overhead"] == "initial estimate; see docs/calibration.md"
+
+
+# --------------------------------------------------------------------------- SI conversion
+
+
+def test_a100_80gb_in_si_units() -> None:
+    hw = load_hardware("a100-80gb")
+    assert hw.peak_flops["bf16"] == 312e12
+    assert hw.peak_flops["fp8"] is None
+    assert hw.memory_bandwidth == 2.039e12
+    assert hw.memory_capacity == 80e9
+    assert hw.interconnect_bandwidth == 300e9  # NVLink3 600 GB/s bidirectional / 2
+    assert hw.num_compute_units == 108
+    assert hw.compute_efficiency == 0.80
+    assert hw.memory_efficiency == 0.85
+    assert hw.interconnect_efficiency == 0.80
+    assert hw.min_kernel_time == 5e-6
+    assert hw.launch_overhead == 3e-4
+    assert hw.interconnect_latency == 1e-5
+    assert hw.cpu_overhead_base == 1.5e-3
+    assert hw.cpu_overhead_per_seq == 1e-5
+    assert hw.efficiency["min_kernel_time"] == hw.min_kernel_time
+
+
+def test_ridge_point_a100_80gb_bf16_is_about_153_flop_per_byte() -> None:
+    assert load_hardware("a100-80gb").ridge_point("bf16") == pytest.approx(153, abs=0.5)
+
+
+def test_ridge_point_h100_sxm_bf16_and_fp8() -> None:
+    hw = load_hardware("h100-sxm")
+    assert hw.ridge_point("bf16") == pytest.approx(295, abs=1)
+    assert hw.ridge_point("fp8") == pytest.approx(2 * hw.ridge_point("bf16"), rel=1e-3)
+
+
+def test_unsupported_dtype_names_the_supported_ones() -> None:
+    with pytest.raises(ConfigError, match=r"'fp8' is not supported .* allowed: bf16, fp16, int8"):
+        load_hardware("a100-80gb").peak_flops_for("fp8")
+    with pytest.raises(ConfigError, match="'fp6' is unknown"):
+        load_hardware("h100-sxm").peak_flops_for("fp6")
+
+
+def test_ideal_removes_every_inefficiency_and_keeps_peaks() -> None:
+    hw = load_hardware("h100-sxm")
+    ideal = hw.ideal()
+    assert ideal.compute_efficiency == ideal.memory_efficiency == 1.0
+    assert ideal.interconnect_efficiency == 1.0
+    assert ideal.min_kernel_time == ideal.launch_overhead == ideal.interconnect_latency == 0.0
+    assert ideal.cpu_overhead_base == ideal.cpu_overhead_per_seq == 0.0
+    assert ideal.peak_flops == hw.peak_flops
+    assert ideal.memory_bandwidth == hw.memory_bandwidth
+    assert set(ideal.efficiency) == {spec.si_name for spec in EFFICIENCY_KEYS.values()}
+
+
+def test_profile_is_frozen_and_hashable() -> None:
+    hw = load_hardware("a100-80gb")
+    with pytest.raises(AttributeError):
+        hw.memory_bandwidth = 1.0  # type: ignore[misc]
+    assert {hw: 1}[load_hardware("a100-80gb")] == 1
+    assert isinstance(hw, HardwareProfile)
+
+
+def test_list_and_table_cover_every_builtin() -> None:
+    assert [hw.name for hw in list_hardware()] == HARDWARE_NAMES
+    rows = {row["name"]: row for row in hardware_table()}
+    assert set(rows) == set(HARDWARE_NAMES)
+    a100 = rows["a100-80gb"]
+    assert a100["bf16_tflops"] == 312
+    assert a100["fp8_tflops"] is None
+    assert a100["memory_tb_s"] == pytest.approx(2.039)
+    assert a100["memory_gb"] == 80
+    assert a100["ridge_point_bf16"] == pytest.approx(153, abs=0.5)
+    assert rows["h100-sxm"]["fp8_tflops"] == pytest.approx(1978.9)
+
+
+# --------------------------------------------------------------------------- user files
+
+
+def _profile(tmp_path: Path, edit: Any = None, name: str = "x.yaml") -> Path:
+    raw = _raw("a100-80gb")
+    if edit is not None:
+        edit(raw)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _error(path: Path | str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_hardware(str(path))
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_user_profile_without_efficiency_blocks_gets_the_defaults(tmp_path: Path) -> None:
+    def edit(raw: dict[str, Any]) -> None:
+        del raw["efficiency"], raw["cpu_overhead"], raw["sources"]
+
+    hw = load_hardware(str(_profile(tmp_path, edit)))
+    for key, spec in EFFICIENCY_KEYS.items():
+        assert hw.efficiency[spec.si_name] == pytest.approx(spec.default / spec.per_si), key
+    assert hw.cpu_overhead_base == 1.5e-3
+
+
+def test_a_new_efficiency_key_only_needs_an_entry_in_efficiency_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(
+        EFFICIENCY_KEYS,
+        "attention_floor_us",
+        EfficiencyKey(
+            default=2.0,
+            per_si=1e6,
+            ideal=0.0,
+            fraction=False,
+            si_name="attention_floor",
+            doc="test-only key",
+        ),
+    )
+    path = _profile(tmp_path, lambda r: r["efficiency"].update(attention_floor_us=7))
+    hw = load_hardware(str(path))
+    assert hw.efficiency["attention_floor"] == 7e-6
+    assert hw.ideal().efficiency["attention_floor"] == 0.0
+    default = load_hardware(str(_profile(tmp_path, name="y.yaml")))
+    assert default.efficiency["attention_floor"] == 2e-6
+
+
+def test_unknown_name_lists_the_builtins() -> None:
+    message = _error("a100-90gb")
+    assert "a100-90gb" in message and "a100-80gb" in message and "h100-sxm" in message
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nmemory_gb: [80\nnum_compute_units: 1\n")
+    message = _error(path)
+    assert message.startswith(f"{path}:") and "malformed YAML" in message
+
+
+def test_negative_value_names_file_and_key(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r.update(memory_bandwidth_tb_s=-1))
+    assert _error(path).endswith("memory_bandwidth_tb_s must be > 0, got -1")
+    assert str(path) in _error(path)
+
+
+def test_zero_value_is_rejected(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r.update(memory_gb=0))
+    assert "memory_gb must be > 0, got 0" in _error(path)
+
+
+def test_zero_peak_in_nested_key(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r["peak_tflops"].update(int8=0))
+    assert "peak_tflops.int8 must be > 0, got 0" in _error(path)
+
+
+def test_unknown_key_is_rejected_with_allowed_keys(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r.update(memory_bandwith_tb_s=2.0))
+    message = _error(path)
+    assert str(path) in message
+    assert "memory_bandwith_tb_s: unknown key" in message and "memory_bandwidth_tb_s" in message
+
+
+def test_unknown_nested_keys_are_rejected(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r["peak_tflops"].update(fp4=9000))
+    assert "peak_tflops.fp4: unknown key" in _error(path)
+    path = _profile(tmp_path, lambda r: r["efficiency"].update(comput=0.5))
+    assert "efficiency.comput: unknown key; allowed keys here: compute, memory" in _error(path)
+    path = _profile(tmp_path, lambda r: r["sources"].update(memory_gbb="x"))
+    assert "sources.memory_gbb: names no key of the profile" in _error(path)
+
+
+def test_missing_required_key(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r.pop("num_compute_units"))
+    assert _error(path) == f"{path}: num_compute_units: required key is missing"
+
+
+def test_efficiency_fraction_must_be_in_0_1(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r["efficiency"].update(compute=1.5))
+    assert "efficiency.compute must be in (0, 1], got 1.5" in _error(path)
+    path = _profile(tmp_path, lambda r: r["efficiency"].update(launch_overhead_ms=-0.1))
+    assert "efficiency.launch_overhead_ms must be >= 0, got -0.1" in _error(path)
+
+
+def test_wrong_types_are_rejected(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r.update(num_compute_units=108.5))
+    assert "num_compute_units must be an integer, got 108.5" in _error(path)
+    path = _profile(tmp_path, lambda r: r.update(memory_gb="80 GB"))
+    assert "memory_gb must be a number, got '80 GB'" in _error(path)
+
+
+def test_needs_a_16_bit_peak(tmp_path: Path) -> None:
+    def edit(raw: dict[str, Any]) -> None:
+        raw["peak_tflops"] = {"int8": 624}
+
+    assert "peak_tflops: needs at least one of bf16, fp16" in _error(_profile(tmp_path, edit))

@@ -1,0 +1,214 @@
+"""Policy behaviour, driving schedule() / update_from_output() directly (no SimPy)."""
+
+from __future__ import annotations
+
+import math
+
+from batchsim.request import RequestStatus
+from conftest import create_requests, create_scheduler, step
+
+
+def test_chunked_prefill_splits_1200_token_prompt_as_512_512_176_then_decodes():
+    s = create_scheduler("chunked_prefill", max_num_batched_tokens=512)
+    (r,) = create_requests(1, prompt=1200, output=3)
+    s.add_request(r)
+    scheduled = []
+    for t in range(6):
+        out, _ = step(s, float(t))
+        if out.requests:
+            scheduled.append(out.num_scheduled_tokens[0])
+    assert scheduled == [512, 512, 176, 1, 1]
+    assert r.status == RequestStatus.FINISHED
+    assert r.first_token_time == 3.0  # the third chunk completes the prompt and samples
+
+
+def test_chunked_prefill_non_final_chunks_emit_no_token():
+    s = create_scheduler("chunked_prefill", max_num_batched_tokens=512)
+    (r,) = create_requests(1, prompt=1200, output=2)
+    s.add_request(r)
+    out, _ = step(s, 0.0)
+    assert out.shape.num_sampled_tokens == 0 and r.num_output_tokens == 0
+    assert math.isnan(r.first_token_time)
+
+
+def test_chunked_prefill_runs_decodes_first_then_fills_budget_with_prompt_chunk():
+    s = create_scheduler("chunked_prefill", max_num_batched_tokens=100)
+    for r in create_requests(3, prompt=10, output=50):
+        s.add_request(r)
+    step(s, 0.0)  # three 10-token prompts
+    (late,) = create_requests(1, prompt=400, output=5, arrival=1.0, start_id=3)
+    s.add_request(late)
+    out, _ = step(s, 1.0)
+    assert out.num_scheduled_tokens == [1, 1, 1, 97]
+    assert out.num_decode_seqs == 3 and out.num_prefill_seqs == 1
+
+
+def test_continuous_without_mixing_stalls_running_decodes_during_prefill():
+    s = create_scheduler("continuous", mix_prefill_decode=False)
+    for r in create_requests(2, prompt=32, output=10):
+        s.add_request(r)
+    step(s, 0.0)
+    (late,) = create_requests(1, prompt=500, output=10, arrival=1.0, start_id=2)
+    s.add_request(late)
+    out, _ = step(s, 1.0)
+    assert [r.request_id for r in out.requests] == [2]
+    assert out.num_decode_seqs == 0
+    out, _ = step(s, 2.0)
+    assert out.num_decode_seqs == 3
+
+
+def test_continuous_with_mixing_runs_prefill_and_decodes_together():
+    s = create_scheduler("continuous", mix_prefill_decode=True)
+    for r in create_requests(2, prompt=32, output=10):
+        s.add_request(r)
+    step(s, 0.0)
+    (late,) = create_requests(1, prompt=500, output=10, arrival=1.0, start_id=2)
+    s.add_request(late)
+    out, _ = step(s, 1.0)
+    assert out.num_decode_seqs == 2 and out.num_prefill_seqs == 1
+    assert out.shape.num_prefill_tokens == 500 and out.shape.num_decode_tokens == 2
+
+
+def test_continuous_refills_a_finished_slot_at_the_next_iteration():
+    s = create_scheduler("continuous", max_num_seqs=2)
+    short, long_ = create_requests(2, prompt=8, output=2)
+    long_.max_tokens = 20
+    s.add_request(short)
+    s.add_request(long_)
+    (third,) = create_requests(1, prompt=8, output=5, start_id=2)
+    s.add_request(third)
+    step(s, 0.0)  # prefill of the first two (cap 2)
+    out, finished = step(s, 1.0)  # decode: short finishes
+    assert finished == [short]
+    out, _ = step(s, 2.0)
+    assert out.requests == [third]  # joins right away (prefill, no mixing)
+
+
+def test_continuous_rejects_prompt_longer_than_token_budget():
+    s = create_scheduler("continuous", max_num_batched_tokens=1024)
+    (r,) = create_requests(1, prompt=2000)
+    assert not s.add_request(r)
+    assert r.status == RequestStatus.REJECTED
+    assert "max_num_batched_tokens" in r.reject_reason
+
+
+def test_request_that_can_never_fit_the_kv_cache_is_rejected_with_reason():
+    s = create_scheduler("chunked_prefill", num_blocks=10, block_size=16)
+    (r,) = create_requests(1, prompt=200, output=10)
+    assert not s.add_request(r)
+    assert "KV cache capacity" in r.reject_reason
+    assert not s.has_unfinished_requests()
+
+
+def test_static_batch_keeps_finished_slot_empty_until_batch_ends():
+    s = create_scheduler("static", max_num_seqs=2)
+    a, b = create_requests(2, prompt=8, output=2)
+    b.max_tokens = 5
+    s.add_request(a)
+    s.add_request(b)
+    (c,) = create_requests(1, prompt=8, output=2, start_id=2)
+    s.add_request(c)
+    step(s, 0.0)  # prefill a, b
+    _, finished = step(s, 1.0)
+    assert finished == [a]
+    for t in range(2, 5):
+        out, _ = step(s, float(t))
+        assert out.requests == [b]  # c waits: membership is fixed
+        assert out.num_slots == 2 and out.num_empty_slots == 1
+        assert out.shape.num_padding_tokens == 1  # the empty row is still computed
+    s.arrivals_pending = False
+    out, _ = step(s, 5.0)
+    assert out.requests == [c]  # a new batch only after the whole batch ended
+
+
+def test_static_pads_prefill_to_longest_prompt():
+    s = create_scheduler("static", max_num_seqs=3)
+    for p in (100, 300, 200):
+        s.add_request(create_requests(1, prompt=p, start_id=p)[0])
+    out, _ = step(s, 0.0)
+    assert out.shape.num_prefill_tokens == 600
+    assert out.shape.num_padding_tokens == 3 * 300 - 600
+
+
+def test_static_without_padding_packs_tokens():
+    s = create_scheduler("static", max_num_seqs=3, padding=False)
+    for p in (100, 300, 200):
+        s.add_request(create_requests(1, prompt=p, start_id=p)[0])
+    out, _ = step(s, 0.0)
+    assert out.shape.num_padding_tokens == 0
+
+
+def test_static_waits_for_a_full_batch_unless_arrivals_are_over():
+    s = create_scheduler("static", max_num_seqs=4)
+    for r in create_requests(3):
+        s.add_request(r)
+    assert s.schedule(0.0).is_empty
+    s.arrivals_pending = False
+    assert s.schedule(0.0).num_seqs == 3
+
+
+def test_dynamic_launches_when_oldest_request_waited_max_wait():
+    s = create_scheduler("dynamic", max_num_seqs=8, max_wait_ms=100)
+    (r,) = create_requests(1, arrival=1.0)
+    s.add_request(r)
+    assert s.schedule(1.05).is_empty
+    assert s.next_timer(1.05) == 1.0 + 0.1
+    assert s.schedule(1.1).num_seqs == 1
+
+
+def test_dynamic_launches_early_when_batch_is_full():
+    s = create_scheduler("dynamic", max_num_seqs=2, max_wait_ms=1000)
+    for r in create_requests(2, arrival=0.0):
+        s.add_request(r)
+    assert s.schedule(0.0).num_seqs == 2
+
+
+def test_kv_exhaustion_preempts_latest_request_by_recompute():
+    # 2 requests of 16-token prompts, block 16: each needs a 2nd block at its first decode.
+    s = create_scheduler("continuous", num_blocks=3, block_size=16)
+    a, b = create_requests(2, prompt=16, output=4)
+    s.add_request(a)
+    s.add_request(b)
+    step(s, 0.0)  # prefill both: 2 blocks used
+    out, _ = step(s, 1.0)  # decode: a takes the 3rd block, b cannot grow -> b preempted
+    assert out.requests == [a] and out.preempted == [b]
+    assert b.status == RequestStatus.WAITING and b.num_computed_tokens == 0
+    assert b.num_preemptions == 1 and s.num_preemptions == 1
+    assert b.num_output_tokens == 1  # the sampled token is kept; its KV is recomputed
+
+
+def test_recomputed_request_resumes_with_prompt_plus_outputs():
+    s = create_scheduler("chunked_prefill", num_blocks=3, block_size=16)
+    a, b = create_requests(2, prompt=16, output=3)
+    s.add_request(a)
+    s.add_request(b)
+    t = 0.0
+    while s.has_unfinished_requests() and t < 50:
+        step(s, t)
+        t += 1.0
+    assert a.status == b.status == RequestStatus.FINISHED
+    assert b.num_preemptions >= 1
+    assert s.kv_cache.num_free_blocks == s.kv_cache.num_blocks
+
+
+def test_cancel_removes_running_request_and_frees_its_blocks():
+    s = create_scheduler("continuous")
+    (r,) = create_requests(1, prompt=64, output=100)
+    s.add_request(r)
+    step(s, 0.0)
+    assert s.kv_cache.num_used_blocks > 0
+    s.cancel(r, 1.0)
+    assert r.status == RequestStatus.CANCELLED and r.finish_time == 1.0
+    assert s.kv_cache.num_used_blocks == 0 and not s.has_unfinished_requests()
+
+
+def test_decode_stretch_is_bounded_by_first_completion():
+    s = create_scheduler("continuous")
+    a, b = create_requests(2, prompt=8, output=10)
+    b.max_tokens = 4
+    s.add_request(a)
+    s.add_request(b)
+    step(s, 0.0)
+    out = s.schedule(1.0)
+    assert out.is_decode_only
+    assert s.max_repeat_steps(out) == 3  # b has 3 tokens left
