@@ -38,30 +38,50 @@ def _fmt(value: Any, unit: str = "") -> str:
 def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
     """A compact, human-readable summary table."""
     rows = [
-        ("requests", f"{summary['completed']} completed, {summary['num_rejected']} rejected, "
-         f"{summary['num_cancelled']} cancelled of {summary['num_requests']}"),
+        (
+            "requests",
+            f"{summary['completed']} completed, {summary['num_rejected']} rejected, "
+            f"{summary['num_cancelled']} cancelled of {summary['num_requests']}",
+        ),
         ("duration", _fmt(summary["duration"], " s")),
-        ("throughput", f"{_fmt(summary['request_throughput'])} req/s, "
-         f"{_fmt(summary['output_throughput'])} output tok/s, "
-         f"{_fmt(summary['total_token_throughput'])} total tok/s"),
+        (
+            "throughput",
+            f"{_fmt(summary['request_throughput'])} req/s, "
+            f"{_fmt(summary['output_throughput'])} output tok/s, "
+            f"{_fmt(summary['total_token_throughput'])} total tok/s",
+        ),
     ]
     if summary.get("request_goodput") == summary.get("request_goodput"):
         rows.append(("goodput", f"{_fmt(summary['request_goodput'])} req/s within SLO"))
     rows.append(("", "mean / median / p90 / p99 (ms)"))
     for name in ("ttft", "tpot", "itl", "e2el"):
-        stats = " / ".join(_fmt(summary[f"{s}_{name}_ms"]) for s in ("mean", "median", "p90", "p99"))
+        stats = " / ".join(
+            _fmt(summary[f"{s}_{name}_ms"]) for s in ("mean", "median", "p90", "p99")
+        )
         rows.append((name.upper(), stats))
     rows.extend(
         [
-            ("queue delay", f"mean {_fmt(summary['mean_queue_delay_ms'])} ms, "
-             f"p99 {_fmt(summary['p99_queue_delay_ms'])} ms"),
-            ("iterations", f"{summary['num_iterations']}, mean batch {_fmt(summary['mean_batch_size'])}, "
-             f"{summary['compute_bound_fraction']:.0%} compute-bound"),
-            ("waste", f"padding {summary['padding_fraction']:.1%} of computed tokens, "
-             f"empty slots {summary['empty_slot_fraction']:.1%}"),
-            ("KV cache", f"max usage {summary['max_kv_cache_usage']:.1%} of "
-             f"{summary['kv_cache_capacity_tokens']:,} tokens, "
-             f"{summary['num_preemptions']} preemptions"),
+            (
+                "queue delay",
+                f"mean {_fmt(summary['mean_queue_delay_ms'])} ms, "
+                f"p99 {_fmt(summary['p99_queue_delay_ms'])} ms",
+            ),
+            (
+                "iterations",
+                f"{summary['num_iterations']}, mean batch {_fmt(summary['mean_batch_size'])}, "
+                f"{summary['compute_bound_fraction']:.0%} compute-bound",
+            ),
+            (
+                "waste",
+                f"padding {summary['padding_fraction']:.1%} of computed tokens, "
+                f"empty slots {summary['empty_slot_fraction']:.1%}",
+            ),
+            (
+                "KV cache",
+                f"max usage {summary['max_kv_cache_usage']:.1%} of "
+                f"{summary['kv_cache_capacity_tokens']:,} tokens, "
+                f"{summary['num_preemptions']} preemptions",
+            ),
             ("wall time", _fmt(summary["wall_time_s"], " s")),
         ]
     )
@@ -81,8 +101,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"note: {note}", file=sys.stderr)
     out_dir = Path(args.output) if args.output else Path("runs") / config.name
     result.write(out_dir)
-    print(f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / "
-          f"{config.hardware}")
+    print(
+        f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"
+    )
     print_summary(result.summary)
     print(f"  wrote {out_dir}/{{summary.json,requests.csv,iterations.csv,config.yaml}}")
     return 0
@@ -98,12 +119,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     policy = load_policy(config.scheduler.policy)
     setup = build(config)
     for key in unused_scheduler_keys(config, policy.config_keys):
-        print(f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",
-              file=sys.stderr)
+        print(
+            f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",
+            file=sys.stderr,
+        )
     block = config.engine.block_size
-    print(f"{args.experiment}: ok — {config.scheduler.policy} on {setup.model.name} / "
-          f"{setup.hardware.name} (tp={config.parallel.tensor_parallel_size}), KV cache "
-          f"{setup.num_gpu_blocks:,} blocks x {block} = {setup.num_gpu_blocks * block:,} tokens")
+    print(
+        f"{args.experiment}: ok — {config.scheduler.policy} on {setup.model.name} / "
+        f"{setup.hardware.name} (tp={config.parallel.tensor_parallel_size}), KV cache "
+        f"{setup.num_gpu_blocks:,} blocks x {block} = {setup.num_gpu_blocks * block:,} tokens"
+    )
     return 0
 
 
@@ -112,8 +137,9 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
         print("(none)")
         return
     keys = list(rows[0])
-    cells = [[_fmt(r.get(k)) if not isinstance(r.get(k), str) else r[k] for k in keys]
-             for r in rows]
+    cells = [
+        [_fmt(r.get(k)) if not isinstance(r.get(k), str) else r[k] for k in keys] for r in rows
+    ]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     print("  ".join(k.ljust(w) for k, w in zip(keys, widths)).rstrip())
     for c in cells:
@@ -134,12 +160,19 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
         rows = []
         for name, cls in POLICIES.items():
-            doc = (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip()
-            rows.append({"policy": name, "keys": ", ".join(sorted(cls.config_keys - {"policy"})),
-                         "what": doc.splitlines()[0] if doc else ""})
+            doc = ((cls.__module__ and sys.modules[cls.__module__].__doc__) or "").strip()
+            rows.append(
+                {
+                    "policy": name,
+                    "keys": ", ".join(sorted(cls.config_keys - {"policy"})),
+                    "what": doc.splitlines()[0] if doc else "",
+                }
+            )
         _print_rows(rows)
-        print("\nout-of-tree: scheduler.policy: package.module:Class "
-              "(a batchsim.scheduler.Scheduler subclass)")
+        print(
+            "\nout-of-tree: scheduler.policy: package.module:Class "
+            "(a batchsim.scheduler.Scheduler subclass)"
+        )
     else:
         from batchsim.workload import workload_table
 
@@ -157,8 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="simulate an experiment and write its outputs")
     p.add_argument("experiment", help="experiment YAML (or a built-in experiment name)")
     p.add_argument("-o", "--output", help="output directory (default: runs/<name>)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="override a key, e.g. --set scheduler.max_num_seqs=8")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a key, e.g. --set scheduler.max_num_seqs=8",
+    )
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("validate", help="check an experiment without running it")
@@ -193,8 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception:
         traceback.print_exc()
-        print("batchsim: internal error (a bug; please report it with the command above)",
-              file=sys.stderr)
+        print(
+            "batchsim: internal error (a bug; please report it with the command above)",
+            file=sys.stderr,
+        )
         return 1
 
 

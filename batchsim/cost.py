@@ -334,7 +334,7 @@ class _Gemm:
 class _Acc:
     """Accumulates flops / bytes / weight bytes / times of the kernels of one group."""
 
-    __slots__ = ("flops", "bytes", "weight", "time", "tc", "tm")
+    __slots__ = ("bytes", "flops", "tc", "time", "tm", "weight")
 
     def __init__(self) -> None:
         self.flops = self.bytes = self.weight = self.time = self.tc = self.tm = 0.0

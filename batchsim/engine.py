@@ -172,7 +172,9 @@ class Engine:
             self.requests.append(request)
             if scheduler.add_request(request):
                 if request.cancel_time != math.inf:
-                    heapq.heappush(self._cancels, (request.cancel_time, request.request_id, request))
+                    heapq.heappush(
+                        self._cancels, (request.cancel_time, request.request_id, request)
+                    )
             else:
                 self.source.on_left(request, now)
         while self._cancels and self._cancels[0][0] <= now:
@@ -259,18 +261,22 @@ class Engine:
 
     def _price_stretch(self, output: SchedulerOutput, now: float, num_steps: int) -> list[float]:
         """Price up to ``num_steps`` identical decode iterations; stop at the first one that
-        ends at or after the next external event. Returns the end times of those kept."""
+        ends at or after the next external event. Returns the end times of those kept.
+
+        Step k (0-based) differs from step 0 only in context: every request has k more cached
+        tokens, so attention reads ``k x num_seqs`` more KV tokens (fewer once a sliding
+        window caps a context).
+        """
         shape = output.shape
         requests = output.requests
+        n = len(requests)
         window = self.scheduler.window
         steps = np.arange(num_steps)
-        contexts = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
-        if window is not None and int(contexts.max()) + num_steps > window:
-            grid = np.minimum(contexts[None, :] + steps[:, None], window)
-            kv_read = grid.sum(axis=1)
+        if window is not None and max(r.num_computed_tokens for r in requests) + num_steps > window:
+            contexts = np.fromiter((r.num_computed_tokens for r in requests), np.int64, n)
+            kv_read = np.minimum(contexts[None, :] + steps[:, None], window).sum(axis=1)
         else:
-            kv_read = int(np.minimum(contexts, window).sum() if window else contexts.sum())
-            kv_read = kv_read + steps * len(requests)
+            kv_read = shape.kv_read_tokens + steps * n
         stretch = BatchShape(
             num_seqs=shape.num_seqs,
             num_prefill_tokens=0,
@@ -281,41 +287,49 @@ class Engine:
             attn_pairs=kv_read + shape.num_decode_tokens,
         )
         cost = self.cost_model.estimate(stretch)
-        gpu = np.broadcast_to(np.asarray(cost.time, dtype=float), (num_steps,))
-        cpu = self._cpu_time(output.num_seqs)
+        gpu = cost.time
+        if not isinstance(gpu, np.ndarray) or gpu.shape != (num_steps,):
+            gpu = np.broadcast_to(np.asarray(gpu, dtype=float), (num_steps,))
+        cpu = self._cpu_time(n)
         if self.options.async_scheduling:
             durations = np.maximum(cpu, gpu)
             if now != self._last_end:
-                durations = durations.copy()
                 durations[0] = cpu + gpu[0]
         else:
-            durations = cpu + gpu
-        ends = now + np.cumsum(durations)
-        event = self._next_event_time(now)
+            durations = gpu + cpu
+        ends = np.cumsum(durations)
+        ends += now
         keep = num_steps
+        event = self._next_event_time(now)
         if event < ends[-1]:
             keep = int(np.searchsorted(ends, event, side="left")) + 1
-        ends = ends[:keep]
-        starts = np.concatenate(([now], ends[:-1]))
+            ends = ends[:keep]
+            durations = durations[:keep]
+            gpu = gpu[:keep]
+        starts = np.empty(keep)
+        starts[0] = now
+        starts[1:] = ends[:-1]
         kv = self.scheduler.kv_cache
         if self.scheduler.reserves_full_sequence:
             usage: float | np.ndarray = kv.usage
         else:
-            blocks = np.fromiter((r.num_blocks for r in requests), np.int64, len(requests))
-            need = -(-(contexts[None, :] + steps[:keep, None] + 1) // kv.block_size)
-            extra = np.maximum(need - blocks[None, :], 0).sum(axis=1)
+            # Blocks are allocated lazily, one per block_size tokens: a request with c cached
+            # tokens needs floor((c mod block_size + k) / block_size) more blocks by step k.
+            block = kv.block_size
+            offsets = np.fromiter((r.num_computed_tokens % block for r in requests), np.int64, n)
+            extra = ((steps[:keep, None] + offsets[None, :]) // block).sum(axis=1)
             usage = (kv.num_used_blocks + extra) / kv.num_blocks
 
         def cut(x):
-            return np.asarray(x)[:keep] if np.ndim(x) else x
+            return x[:keep] if isinstance(x, np.ndarray) and x.ndim else x
 
         self.iterations.extend(
             {
                 "start_time_s": starts,
-                "duration_ms": durations[:keep] * 1e3,
+                "duration_ms": durations * 1e3,
                 "cpu_time_ms": cpu * 1e3,
-                "gpu_time_ms": gpu[:keep] * 1e3,
-                "num_seqs": output.num_seqs,
+                "gpu_time_ms": gpu * 1e3,
+                "num_seqs": n,
                 "num_slots": output.num_slots,
                 "num_prefill_seqs": 0,
                 "num_decode_seqs": output.num_decode_seqs,

@@ -88,7 +88,7 @@ class KVCacheManager:
         return num_blocks_for(num_tokens, self.block_size) <= self.num_blocks
 
     def allocate(self, request: Request, num_tokens: int) -> bool:
-        """Grow ``request`` to hold ``num_tokens`` tokens; False (and no change) if the pool is short."""
+        """Grow ``request`` to ``num_tokens`` tokens; False (no change) if the pool is short."""
         need = num_blocks_for(num_tokens, self.block_size) - request.num_blocks
         if need <= 0:
             return True
@@ -100,6 +100,15 @@ class KVCacheManager:
         if used > self.max_used_blocks:
             self.max_used_blocks = used
         return True
+
+    def take(self, num_blocks: int) -> None:
+        """Account for ``num_blocks`` blocks that callers already assigned to requests
+        (bulk growth of a decode stretch, checked beforehand to fit)."""
+        self.num_free_blocks -= num_blocks
+        assert self.num_free_blocks >= 0, "KV blocks over-committed"
+        used = self.num_blocks - self.num_free_blocks
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
 
     def free(self, request: Request) -> None:
         """Return all of ``request``'s blocks to the pool."""

@@ -58,7 +58,9 @@ class IterationLog:
 
     def _room(self) -> dict[str, np.ndarray]:
         if self._fill == _CHUNK:
-            self._chunks.append({k: np.empty(_CHUNK, dtype=t) for k, t in ITERATION_COLUMNS.items()})
+            self._chunks.append(
+                {k: np.empty(_CHUNK, dtype=t) for k, t in ITERATION_COLUMNS.items()}
+            )
             self._fill = 0
         return self._chunks[-1]
 
@@ -176,9 +178,7 @@ def weighted_percentiles(
     return out
 
 
-def _stats(
-    name: str, values: np.ndarray, weights: np.ndarray | None = None
-) -> dict[str, float]:
+def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
     """mean/median/std/p90/p99 of ``values`` (ms) under vLLM's names."""
     keys = [f"{s}_{name}_ms" for s in ("mean", "median", "std", "p90", "p99")]
     if values.size == 0:
@@ -262,14 +262,16 @@ def summarize(
         it = it[(start >= lo) & (start <= hi)]
     num_iter = len(it)
     computed_tokens = (
-        it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum() + it["num_padding_tokens"].sum()
+        it["num_prefill_tokens"].sum()
+        + it["num_decode_tokens"].sum()
+        + it["num_padding_tokens"].sum()
     )
     slots = it["num_slots"].sum()
     queue = req["queue_delay_ms"].to_numpy()
     queue = queue[~np.isnan(queue)]
     out.update(
         {
-            "num_iterations": int(len(iterations)),
+            "num_iterations": len(iterations),
             "mean_batch_size": float(it["num_seqs"].mean()) if num_iter else math.nan,
             "num_preemptions": int(num_preemptions),
             "num_rejected": int((req["status"] == "rejected").sum()),

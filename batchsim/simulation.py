@@ -95,9 +95,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def activation_reserve_bytes(
-    model: ModelSpec, config: ExperimentConfig, tp: int
-) -> float:
+def activation_reserve_bytes(model: ModelSpec, config: ExperimentConfig, tp: int) -> float:
     """Memory kept free for one forward pass's activations on one GPU (bytes).
 
     The peak of a forward pass over the token budget T: a few hidden-size tensors and the MLP's
@@ -182,13 +180,13 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     engine.run()
     requests = requests_frame(engine.requests)
     iterations = engine.iterations.to_frame()
-    itl = scheduler.itl
+    itl_time, itl_gap, itl_count = scheduler.itl.arrays()
     summary = summarize(
         requests,
         iterations,
-        np.asarray(itl.time, dtype=float),
-        np.asarray(itl.value, dtype=float),
-        np.asarray(itl.count, dtype=np.int64),
+        itl_time,
+        itl_gap,
+        itl_count,
         num_preemptions=scheduler.num_preemptions,
         max_kv_cache_usage=kv.max_used_blocks / kv.num_blocks,
         slo=config.slo.model_dump() if config.slo else None,

@@ -16,9 +16,7 @@ from batchsim.scheduler.output import SchedulerOutput
 
 class ChunkedPrefillScheduler(Scheduler):
     name = "chunked_prefill"
-    config_keys = frozenset(
-        {"policy", "max_num_seqs", "max_num_batched_tokens", "preemption_mode"}
-    )
+    config_keys = frozenset({"policy", "max_num_seqs", "max_num_batched_tokens", "preemption_mode"})
 
     def schedule(self, now: float) -> SchedulerOutput:
         preempted: list[Request] = []

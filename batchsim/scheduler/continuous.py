@@ -23,8 +23,13 @@ from batchsim.scheduler.output import SchedulerOutput
 class ContinuousScheduler(Scheduler):
     name = "continuous"
     config_keys = frozenset(
-        {"policy", "max_num_seqs", "max_num_batched_tokens", "mix_prefill_decode",
-         "preemption_mode"}
+        {
+            "policy",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "mix_prefill_decode",
+            "preemption_mode",
+        }
     )
 
     def policy_reject_reason(self, request: Request) -> str:

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from batchsim.cost import BatchShape
@@ -58,26 +59,36 @@ class SchedulerConfig(BaseModel):
 class ItlLog:
     """Inter-token gaps as (time of the later token, gap, how many tokens share it).
 
-    A decode stretch of K iterations over B requests adds K-1 rows of weight B instead of
-    (K-1) x B rows, so memory grows with iterations, not with tokens.
+    Tokens that share a gap are stored once with a count: a decode stretch of K iterations
+    over B requests adds K-1 rows of count B instead of (K-1) x B rows, so memory grows with
+    iterations, not with tokens.
     """
 
-    __slots__ = ("count", "time", "value")
+    __slots__ = ("_blocks", "count", "time", "value")
 
     def __init__(self) -> None:
         self.time: list[float] = []
         self.value: list[float] = []
         self.count: list[int] = []
+        self._blocks: list[tuple[np.ndarray, np.ndarray, int]] = []
 
     def add(self, time: float, gap: float, count: int = 1) -> None:
         self.time.append(time)
         self.value.append(gap)
         self.count.append(count)
 
-    def extend(self, times: Sequence[float], gaps: Sequence[float], count: int) -> None:
-        self.time.extend(times)
-        self.value.extend(gaps)
-        self.count.extend([count] * len(gaps))
+    def extend(self, times: np.ndarray, gaps: np.ndarray, count: int) -> None:
+        """Add ``len(gaps)`` rows sharing one ``count``."""
+        self._blocks.append((times, gaps, count))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All rows as (times, gaps, counts) arrays."""
+        times = [np.asarray(self.time, dtype=float)] + [b[0] for b in self._blocks]
+        gaps = [np.asarray(self.value, dtype=float)] + [b[1] for b in self._blocks]
+        counts = [np.asarray(self.count, dtype=np.int64)] + [
+            np.full(len(b[1]), b[2], dtype=np.int64) for b in self._blocks
+        ]
+        return np.concatenate(times), np.concatenate(gaps), np.concatenate(counts)
 
 
 class Scheduler(abc.ABC):
@@ -200,39 +211,52 @@ class Scheduler(abc.ABC):
         num_steps = len(step_end_times)
         end = step_end_times[-1]
         finished: list[Request] = []
-        itl = self.itl
+        # Requests that emitted their previous token together share one gap: group them.
+        gaps: dict[float, int] = {}
         if num_steps == 1:
             for request, num_new in zip(output.requests, output.num_scheduled_tokens):
                 if request.status != RequestStatus.RUNNING:
                     continue  # preempted later in the same schedule() call
                 request.num_computed_tokens += num_new
-                if request.num_computed_tokens < request.num_tokens:
+                if (
+                    request.num_computed_tokens
+                    < request.num_prompt_tokens + request.num_output_tokens
+                ):
                     continue  # a non-final prompt chunk samples nothing
                 request.num_output_tokens += 1
                 if request.num_output_tokens == 1:
                     request.first_token_time = end
                 else:
-                    itl.add(end, end - request.last_token_time)
+                    last = request.last_token_time
+                    gaps[last] = gaps.get(last, 0) + 1
                 request.last_token_time = end
                 if request.num_output_tokens >= request.max_tokens:
                     finished.append(request)
         else:
-            first_end = step_end_times[0]
-            kv = self.kv_cache
+            block = self.kv_cache.block_size
+            new_blocks = 0
             for request in output.requests:
-                itl.add(first_end, first_end - request.last_token_time)
+                last = request.last_token_time
+                gaps[last] = gaps.get(last, 0) + 1
                 grown = request.num_computed_tokens + num_steps
-                ok = kv.allocate(request, grown)
-                assert ok, "decode stretch ran out of KV blocks; max_repeat_steps is wrong"
+                blocks = -(-grown // block)
+                if blocks > request.num_blocks:
+                    new_blocks += blocks - request.num_blocks
+                    request.num_blocks = blocks
                 request.num_computed_tokens = grown
                 request.num_output_tokens += num_steps
                 request.last_token_time = end
-                assert request.num_output_tokens <= request.max_tokens, "stretch overshot"
-                if request.num_output_tokens == request.max_tokens:
+                if request.num_output_tokens >= request.max_tokens:
+                    assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     finished.append(request)
-            ends = list(step_end_times)
-            gaps = [b - a for a, b in zip(ends, ends[1:])]
-            itl.extend(ends[1:], gaps, len(output.requests))
+            self.kv_cache.take(new_blocks)
+        first_end = step_end_times[0]
+        itl = self.itl
+        for last, count in gaps.items():
+            itl.add(first_end, first_end - last, count)
+        if num_steps > 1:
+            ends = np.asarray(step_end_times, dtype=float)
+            itl.extend(ends[1:], np.diff(ends), len(output.requests))
         for request in finished:
             request.status = RequestStatus.FINISHED
             request.finish_time = end
@@ -391,4 +415,3 @@ class Scheduler(abc.ABC):
             else:
                 hi = mid
         return lo
-

@@ -23,7 +23,9 @@ def load_policy(name: str, key: str = "scheduler.policy") -> type[Scheduler]:
         return POLICIES[name]
     if ":" not in name:
         allowed = " | ".join(POLICIES)
-        raise ConfigError(f"{key}: unknown policy {name!r}; allowed: {allowed} | package.module:Class")
+        raise ConfigError(
+            f"{key}: unknown policy {name!r}; allowed: {allowed} | package.module:Class"
+        )
     module_name, _, class_name = name.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -31,7 +33,5 @@ def load_policy(name: str, key: str = "scheduler.policy") -> type[Scheduler]:
         raise ConfigError(f"{key}: cannot import module {module_name!r}: {exc}") from None
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
-        raise ConfigError(
-            f"{key}: {name!r} is not a batchsim.scheduler.Scheduler subclass"
-        )
+        raise ConfigError(f"{key}: {name!r} is not a batchsim.scheduler.Scheduler subclass")
     return cls
