@@ -176,7 +176,31 @@ def _cmd_list(args: argparse.Namespace) -> int:
     else:
         from batchsim.workload import workload_table
 
-        _print_rows(workload_table())
+        rows = workload_table()
+        titles = {
+            "workload": "Built-in workloads (workload: NAME)",
+            "trace": "Trace samples (workload.trace.path: FILE)",
+            "arrival": "Arrival processes (workload.arrival.process)",
+            "length": "Length distributions (workload.prompt_tokens / output_tokens .dist)",
+            "time": "Time distributions (workload.think_time_ms / cancel_after_ms .dist)",
+            "trace-format": "Trace formats (workload.trace.format)",
+        }
+        for kind, title in titles.items():
+            group = [r for r in rows if r["kind"] == kind]
+            if not group:
+                continue
+            print(f"{title}:")
+            for r in group:
+                extra = ""
+                if r.get("requests"):
+                    extra = (
+                        f" [{r['requests']} requests, mean prompt {r['mean_prompt_tokens']:.0f}, "
+                        f"mean output {r['mean_output_tokens']:.0f}]"
+                    )
+                print(f"  {r['name']:<32} {r['description']}{extra}")
+                if r.get("parameters") and kind not in ("workload", "trace"):
+                    print(f"  {'':<32}   {r['parameters']}")
+            print()
     return 0
 
 

@@ -33,7 +33,9 @@ ITERATION_COLUMNS: dict[str, str] = {
     "num_prefill_tokens": "i4",
     "num_decode_tokens": "i4",
     "num_padding_tokens": "i4",
+    "num_output_tokens": "i4",
     "flops": "f8",
+    "bytes": "f8",
     "weight_bytes": "f8",
     "kv_bytes": "f8",
     "compute_bound": "?",
@@ -100,6 +102,10 @@ class IterationLog:
         for key in ITERATION_COLUMNS:
             if key == "compute_bound":
                 data["bound"] = np.where(self.column(key), "compute", "memory")
+            elif key == "bytes":
+                data[key] = self.column(key)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    data["arithmetic_intensity"] = data["flops"] / data[key]
             else:
                 data[key] = self.column(key)
         return pd.DataFrame(data)
@@ -284,6 +290,9 @@ def summarize(
             "empty_slot_fraction": float(1 - it["num_seqs"].sum() / slots) if slots else 0.0,
             "compute_bound_fraction": float((it["bound"] == "compute").mean()) if num_iter else 0.0,
             "max_kv_cache_usage": float(max_kv_cache_usage),
+            "cpu_overhead_fraction": float(it["cpu_time_ms"].sum() / it["duration_ms"].sum())
+            if num_iter
+            else 0.0,
             "busy_fraction": float(it["duration_ms"].sum() / 1e3 / duration) if duration else 0.0,
         }
     )

@@ -311,6 +311,7 @@ class Scheduler(abc.ABC):
             pairs += rows * c + rows * (rows + 1) // 2
             if request.num_computed_tokens + q == request.num_tokens:
                 sampled += 1
+        num_outputs = sampled
         slots = len(requests) if num_slots is None else num_slots
         if compute_empty_slots:
             empty = slots - len(requests)
@@ -332,6 +333,7 @@ class Scheduler(abc.ABC):
             num_prefill_seqs=num_prefill,
             num_decode_seqs=num_decode,
             num_slots=slots,
+            num_output_tokens=num_outputs,
             preempted=preempted or [],
         )
 

@@ -29,6 +29,8 @@ class SchedulerOutput:
     num_slots: int = 0
     """Width of the batch: requests plus empty slots (request-level policies keep the slots of
     finished requests until the whole batch ends)."""
+    num_output_tokens: int = 0
+    """Tokens sampled for real requests (a non-final prompt chunk samples none)."""
     preempted: list[Request] = field(default_factory=list)
     """Requests evicted from the KV cache while building this iteration."""
 
