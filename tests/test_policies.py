@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from conftest import create_requests, create_scheduler, step
-
 from batchsim.request import RequestStatus
+from conftest import create_requests, create_scheduler, step
 
 
 def test_chunked_prefill_splits_1200_token_prompt_as_512_512_176_then_decodes():
