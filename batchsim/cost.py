@@ -339,8 +339,16 @@ class _Acc:
     def __init__(self) -> None:
         self.flops = self.bytes = self.weight = self.time = self.tc = self.tm = 0.0
 
-    def add(self, flops: float, nbytes: float, weight: float, time: float, tc: float, tm: float,
-            times: float = 1.0) -> None:
+    def add(
+        self,
+        flops: float,
+        nbytes: float,
+        weight: float,
+        time: float,
+        tc: float,
+        tm: float,
+        times: float = 1.0,
+    ) -> None:
         self.flops += flops * times
         self.bytes += nbytes * times
         self.weight += weight * times
@@ -486,6 +494,8 @@ class RooflineCostModel:
             rope_elems = (heads + 1) * rope
             self._extra_ew_kernels = 2 if m.q_lora_rank else 1  # q_a / kv_a layernorms
             self._extra_ew_elems = 2.0 * ((m.q_lora_rank or 0) + lora)
+            # q_a and kv_a are replicated on every rank (not split by tp)
+            replicated = h * ((m.q_lora_rank or 0) + lora + rope)
         else:
             hd = m.head_dim
             kv_heads = math.ceil(m.num_key_value_heads / tp)  # replicated when kv_heads < tp
@@ -497,7 +507,15 @@ class RooflineCostModel:
             rope_elems = 0.0 if m.num_learned_positions else (heads + kv_heads) * hd
             self._extra_ew_kernels = 0
             self._extra_ew_elems = 0.0
+            # KV heads replicated when fewer than tp: each rank holds kv_heads (not nkv/tp) of
+            # them; expressed as the parameter count R with R - R/tp = that per-rank surplus
+            surplus = h * 2 * hd * (kv_heads - m.num_key_value_heads / tp)
+            replicated = surplus * tp / (tp - 1) if tp > 1 else 0.0
         self._rope_elems = rope_elems
+        # parameters every rank holds in full (MLA q_a/kv_a, GQA KV heads < tp, MoE routers)
+        self._replicated_params = self._layers * replicated + (
+            (self._layers - self._dense_layers) * m.router_params if m.is_moe else 0
+        )
 
         # MLPs
         width = m.intermediate_size / tp
@@ -536,8 +554,15 @@ class RooflineCostModel:
                     best = t
         return best
 
-    def _gemm(self, acc: _Acc, g: _Gemm, rows: float, times: float, weight_groups: float = -1.0,
-              kernels: float = 1.0) -> None:
+    def _gemm(
+        self,
+        acc: _Acc,
+        g: _Gemm,
+        rows: float,
+        times: float,
+        weight_groups: float = -1.0,
+        kernels: float = 1.0,
+    ) -> None:
         """Add ``times`` (layers) x one GEMM kernel over ``rows`` rows per group to ``acc``.
 
         ``weight_groups`` overrides how many of the ``groups`` weight matrices are read (MoE:
@@ -563,10 +588,8 @@ class RooflineCostModel:
         nbytes = elems * _ACT_BYTES
         tm = nbytes / self._ew_bw
         tc = flops / self._peak
-        if self.ideal:
-            time = tc if tc > tm else tm
-        else:
-            time = kernels * self._ew_lat + tm
+        # ideal: plain roofline; else a fixed time per kernel plus the streaming time
+        time = (tc if tc > tm else tm) if self.ideal else kernels * self._ew_lat + tm
         acc.add(flops, nbytes, 0.0, time, tc, tm)
 
     def _terms(self, tokens: int) -> tuple:
@@ -739,9 +762,7 @@ class RooflineCostModel:
         )
         arrays = np.broadcast_arrays(*(np.asarray(getattr(shape, f)) for f in fields))
         n = arrays[0].size
-        parts = [
-            self.estimate(BatchShape(*(int(a.flat[i]) for a in arrays))) for i in range(n)
-        ]
+        parts = [self.estimate(BatchShape(*(int(a.flat[i]) for a in arrays))) for i in range(n)]
 
         def stack(get) -> np.ndarray:
             return np.array([get(c) for c in parts], dtype=float)
@@ -775,8 +796,11 @@ class RooflineCostModel:
 
     @property
     def weight_bytes_per_gpu(self) -> float:
-        """Weight bytes stored on one GPU: all weights in ``dtype`` divided by ``tp``."""
-        return self.model.weight_bytes(self.dtype) / self.tp
+        """Weight bytes stored on one GPU: weights in ``dtype`` split by ``tp``, except those
+        every rank holds in full (MLA q_a/kv_a projections, KV heads when fewer than ``tp``,
+        MoE routers)."""
+        rep = self._replicated_params
+        return ((self.model.num_params - rep) / self.tp + rep) * self._wb
 
     @property
     def kv_bytes_per_token_per_gpu(self) -> float:
@@ -837,14 +861,19 @@ class RooflineCostModel:
         act = t * self._dense_act_width * self._gate_factor
         out["mlp_act"] = elementwise(act, 4.0 * act / 3.0, 1)
         out["norms"] = elementwise(4.0 * t * h, 8.0 * t * h, 2)
-        out["rope"] = elementwise(2.0 * t * self._rope_elems, 3.0 * t * self._rope_elems,
-                                  1 if self._rope_elems else 0)
+        out["rope"] = elementwise(
+            2.0 * t * self._rope_elems, 3.0 * t * self._rope_elems, 1 if self._rope_elems else 0
+        )
         out["add"] = elementwise(3.0 * t * h, t * h, 1)
         del m
         return out
 
     def attention_kernel(
-        self, num_seqs: int, num_tokens: int, kv_read_tokens: int, attn_pairs: int,
+        self,
+        num_seqs: int,
+        num_tokens: int,
+        kv_read_tokens: int,
+        attn_pairs: int,
         prefill_tokens: int = 0,
     ) -> OpCost:
         """One layer's attention kernel alone (no KV-cache write), for calibration.
@@ -856,8 +885,10 @@ class RooflineCostModel:
         nbytes = self._kv_elems_layer * self._kvb * keys + num_tokens * self._qo_elems * _ACT_BYTES
         tc, tm = flops / self._attn_peak, nbytes / self._bw
         if prefill_tokens and self._masked:
-            tc += self._attn_flops_pair * self._masked_pairs(prefill_tokens, num_seqs) / (
-                self._attn_peak
+            tc += (
+                self._attn_flops_pair
+                * self._masked_pairs(prefill_tokens, num_seqs)
+                / (self._attn_peak)
             )
         if self.ideal:
             return OpCost(flops, nbytes, max(tc, tm), tc, tm)

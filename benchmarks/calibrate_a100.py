@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "reference" / "measured"
 MODELS = {"llama-2-7b": "llama-2-7b", "llama-3-8b": "llama-3-8b", "llama-2-70b": "llama-2-70b"}
 KNEE = (64, 512)
+DECODE = (1, 32)  # token counts of small decode batches
 GROUPS = {
     "qkv_proj": (["attn_pre_proj"], ["qkv_proj"]),
     "o_proj": (["attn_post_proj"], ["o_proj"]),
@@ -204,8 +205,12 @@ def predict_attention(att: pd.DataFrame, hw: HardwareProfile) -> pd.DataFrame:
 # --------------------------------------------------------------------------- cpu / all-reduce
 
 
-def fit_cpu(data: Path) -> tuple[pd.DataFrame, float, float]:
-    """Least-squares base + per_seq (ms) of schedule + sampler + prepare_inputs + outputs."""
+def fit_cpu(data: Path) -> tuple[pd.DataFrame, dict[str, tuple[float, float, tuple]]]:
+    """Least-squares base + per_seq (ms) of schedule + sampler + prepare_inputs + outputs.
+
+    Returns the fit per model/TP and two pooled fits: ``single_gpu`` (TP=1 engines, the
+    profile default) and ``all`` (every engine; TP>=2 rows exclude the Ray RPC time).
+    """
     df = pd.read_csv(data / "a100_cpu_overheads.csv")
     parts = [
         "schedule_median",
@@ -218,16 +223,25 @@ def fit_cpu(data: Path) -> tuple[pd.DataFrame, float, float]:
     for (model, tp), g in df.groupby(["model_name", "tensor_parallel_degree"]):
         g = g.groupby("batch_size").cpu_ms.median()
         slope, base = np.polyfit(g.index.to_numpy(float), g.to_numpy(), 1)
-        rows.append({"model": model, "tp": tp, "base_ms": base, "per_seq_ms": slope,
-                     "bs8_ms": g.iloc[0], "bs128_ms": g.iloc[-1]})
+        rows.append(
+            {
+                "model": model,
+                "tp": tp,
+                "base_ms": base,
+                "per_seq_ms": slope,
+                "bs8_ms": g.iloc[0],
+                "bs128_ms": g.iloc[-1],
+            }
+        )
     agg = df.groupby(["model_name", "tensor_parallel_degree", "batch_size"]).cpu_ms.median()
     agg = agg.reset_index()
-    slope, base = np.polyfit(agg.batch_size.to_numpy(float), agg.cpu_ms.to_numpy(), 1)
-    pred = base + slope * agg.batch_size
-    err = abs_err(pred, agg.cpu_ms)
-    fits = pd.DataFrame(rows)
-    fits.attrs["err"] = stats(err)
-    return fits, float(base), float(slope)
+    pooled = {}
+    for label, sel in [("single_gpu", agg.tensor_parallel_degree == 1), ("all", agg.cpu_ms > 0)]:
+        a = agg[sel]
+        slope, base = np.polyfit(a.batch_size.to_numpy(float), a.cpu_ms.to_numpy(), 1)
+        err = abs_err(base + slope * a.batch_size, a.cpu_ms)
+        pooled[label] = (float(base), float(slope), stats(err))
+    return pd.DataFrame(rows), pooled
 
 
 def load_all_reduce(data: Path) -> pd.DataFrame:
@@ -262,75 +276,117 @@ def all_reduce_points(sel: pd.DataFrame, latency: float, bw: float) -> pd.DataFr
 # --------------------------------------------------------------------------- fitting
 
 
+def objective(err: np.ndarray, knee: np.ndarray, small: np.ndarray) -> float:
+    """Fit score, 1 at the targets: mean of median/5 % and p90/15 % over all points, the same
+    over the knee region, and median/5 % over small decode batches (1-32 tokens), so that
+    neither the many large-token points nor the knee can hide a bad decode regime."""
+    return float(
+        np.mean(
+            [
+                np.median(err) / 5,
+                np.percentile(err, 90) / 15,
+                np.median(knee) / 5,
+                np.percentile(knee, 90) / 15,
+                np.median(small) / 5,
+            ]
+        )
+    )
+
+
 def fit_gemm(ops: pd.DataFrame, hw: HardwareProfile) -> dict[str, float]:
     """Grid search of compute, memory, min_kernel_time_us, transition_exponent.
 
-    Scored on the reported linear groups (qkv_proj, o_proj, mlp = up + act + down) over all
-    token counts and over the knee region: the mean of median/5 %, p90/15 %, knee median/5 %
-    and knee p90/15 % (each term is 1 at the target).
+    Scored with :func:`objective` on the reported linear groups (qkv_proj, o_proj,
+    mlp = up + act + down).
     """
     best = None
-    grid = itertools.product([0.68, 0.70, 0.72, 0.74, 0.76], [0.78, 0.80, 0.82, 0.84, 0.86],
-                             [4.0, 4.5, 5.0, 5.5], [1.5, 2.0, 2.5, 3.0])
+    grid = itertools.product(
+        [0.68, 0.70, 0.72, 0.74, 0.76],
+        [0.78, 0.80, 0.82, 0.84, 0.86],
+        [4.0, 4.5, 5.0, 5.5],
+        [1.5, 2.0, 2.5, 3.0],
+    )
     for ec, em, lat, p in grid:
-        h = with_efficiency(hw, compute=ec, memory=em, min_kernel_time_us=lat,
-                            transition_exponent=p)
+        h = with_efficiency(
+            hw, compute=ec, memory=em, min_kernel_time_us=lat, transition_exponent=p
+        )
         pts = layer_points(ops, predict_layer_ops(ops, h))
         pts = pts[pts.op != "elementwise"]
         errs = pts.err_pct.abs().to_numpy()
         kn = pts[pts.num_tokens.between(*KNEE)].err_pct.abs().to_numpy()
-        terms = (np.median(errs) / 5, np.percentile(errs, 90) / 15,
-                 np.median(kn) / 5, np.percentile(kn, 90) / 15)
-        score = float(np.mean(terms))
+        small = pts[pts.num_tokens.between(*DECODE)].err_pct.abs().to_numpy()
+        score = objective(errs, kn, small)
         if best is None or score < best[0]:
-            best = (score, dict(compute=ec, memory=em, min_kernel_time_us=lat,
-                                transition_exponent=p), stats(errs), stats(kn))
-        print(f"  compute={ec:.2f} memory={em:.2f} min_kernel_time_us={lat:.1f} p={p:.1f}: "
-              f"all {np.median(errs):5.2f}/{np.percentile(errs, 90):5.2f}  "
-              f"knee {np.median(kn):5.2f}/{np.percentile(kn, 90):5.2f}", file=sys.stderr)
+            best = (
+                score,
+                dict(compute=ec, memory=em, min_kernel_time_us=lat, transition_exponent=p),
+                stats(errs),
+                stats(kn),
+            )
+        print(
+            f"  compute={ec:.2f} memory={em:.2f} min_kernel_time_us={lat:.1f} p={p:.1f}: "
+            f"all {np.median(errs):5.2f}/{np.percentile(errs, 90):5.2f}  "
+            f"knee {np.median(kn):5.2f}/{np.percentile(kn, 90):5.2f}",
+            file=sys.stderr,
+        )
     assert best is not None
-    print(f"best GEMM terms: {best[1]}  linear groups median/p90 {best[2][0]:.2f}/"
-          f"{best[2][1]:.2f}, knee {best[3][0]:.2f}/{best[3][1]:.2f}")
+    print(
+        f"best GEMM terms: {best[1]}  linear groups median/p90 {best[2][0]:.2f}/"
+        f"{best[2][1]:.2f}, knee {best[3][0]:.2f}/{best[3][1]:.2f}"
+    )
     return best[1]
 
 
 def fit_elementwise(ops: pd.DataFrame, hw: HardwareProfile) -> tuple[float, float]:
     """Grid search of elementwise efficiency and kernel time on norms + rope + add + act.
 
-    Same score as :func:`fit_gemm` (all tokens and knee region, median/5 % and p90/15 %).
+    Scored with :func:`objective`.
     """
     best = None
     meas_cols = ["input_layernorm", "post_attention_layernorm", "attn_rope", "add", "mlp_act"]
     knee = ops.num_tokens.between(*KNEE).to_numpy()
+    small = ops.num_tokens.between(*DECODE).to_numpy()
     meas = ops[meas_cols].sum(axis=1).to_numpy()
-    for eff, lat in itertools.product(np.arange(0.40, 0.61, 0.025), [1.5, 2.0, 2.5, 3.0, 4.0]):
+    for eff, lat in itertools.product(np.arange(0.40, 0.61, 0.025), [1.5, 2.0, 2.5, 3.0, 3.5, 4.0]):
         h = with_efficiency(hw, elementwise=float(eff), elementwise_kernel_time_us=lat)
         pred = predict_layer_ops(ops, h)[["norms", "rope", "add", "mlp_act"]].sum(axis=1)
         err = abs_err(pred, meas)
         kn = err[knee]
-        score = float(np.mean([np.median(err) / 5, np.percentile(err, 90) / 15,
-                               np.median(kn) / 5, np.percentile(kn, 90) / 15]))
+        score = objective(err, kn, err[small])
         if best is None or score < best[0]:
             best = (score, float(eff), lat, stats(err), stats(kn))
     assert best is not None
-    print(f"best elementwise efficiency {best[1]:.3f}, kernel time {best[2]:.1f} us: "
-          f"median/p90 {best[3][0]:.2f}/{best[3][1]:.2f}, knee {best[4][0]:.2f}/"
-          f"{best[4][1]:.2f} (norms+rope+add+act)")
+    print(
+        f"best elementwise efficiency {best[1]:.3f}, kernel time {best[2]:.1f} us: "
+        f"median/p90 {best[3][0]:.2f}/{best[3][1]:.2f}, knee {best[4][0]:.2f}/"
+        f"{best[4][1]:.2f} (norms+rope+add+act)"
+    )
     return round(best[1], 3), best[2]
 
 
-def fit_attention(att: pd.DataFrame, hw: HardwareProfile) -> tuple[float, float]:
+def fit_attention(att: pd.DataFrame, hw: HardwareProfile) -> tuple[float, float, float]:
+    """Grid search of attention efficiency, masked fraction and kernel time on both tables."""
     best = None
-    for eff, lat in itertools.product(np.arange(0.20, 0.61, 0.02), [10.0, 12.0, 13.0, 14.0]):
-        h = with_efficiency(hw, attention=float(eff), attention_kernel_time_us=lat)
+    grid = itertools.product(
+        np.arange(0.20, 0.61, 0.02), [0.0, 0.5, 1.0, 1.5], [10.0, 12.0, 14.0, 16.0, 18.0, 20.0]
+    )
+    for eff, masked, lat in grid:
+        h = with_efficiency(
+            hw,
+            attention=float(eff),
+            attention_masked_fraction=masked,
+            attention_kernel_time_us=lat,
+        )
         err = predict_attention(att, h).err_pct.abs().to_numpy()
-        score = np.median(err) + np.percentile(err, 90) / 3
+        score = np.median(err) / 5 + np.percentile(err, 90) / 15
         if best is None or score < best[0]:
-            best = (score, float(eff), lat, stats(err))
+            best = (score, float(eff), masked, lat, stats(err))
     assert best is not None
-    print(f"best attention efficiency {best[1]:.2f}, kernel time {best[2]:.0f} us: "
-          f"median/p90 {best[3][0]:.2f}/{best[3][1]:.2f}")
-    return round(best[1], 2), best[2]
+    print(
+        f"best attention efficiency {best[1]:.2f}, masked fraction {best[2]:.1f}, kernel time "
+        f"{best[3]:.0f} us: median/p90 {best[4][0]:.2f}/{best[4][1]:.2f}"
+    )
+    return round(best[1], 2), best[2], best[3]
 
 
 # --------------------------------------------------------------------------- printing
@@ -339,10 +395,14 @@ def fit_attention(att: pd.DataFrame, hw: HardwareProfile) -> tuple[float, float]
 def print_table(df: pd.DataFrame, title: str, floatfmt: str = "{:.2f}") -> None:
     print(f"\n## {title}\n")
     cols = list(df.columns)
-    cells = [[floatfmt.format(v) if isinstance(v, float) else str(v) for v in row]
-             for row in df.itertuples(index=False)]
-    widths = [max(len(str(c)), *(len(r[i]) for r in cells)) if cells else len(str(c))
-              for i, c in enumerate(cols)]
+    cells = [
+        [floatfmt.format(v) if isinstance(v, float) else str(v) for v in row]
+        for row in df.itertuples(index=False)
+    ]
+    widths = [
+        max(len(str(c)), *(len(r[i]) for r in cells)) if cells else len(str(c))
+        for i, c in enumerate(cols)
+    ]
     print("  ".join(str(c).rjust(w) for c, w in zip(cols, widths)))
     for r in cells:
         print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
@@ -357,12 +417,19 @@ def sample_tokens(tokens: pd.Series) -> pd.Series:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                        help=f"directory of the measured CSVs (default: {DEFAULT_DATA})")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=DEFAULT_DATA,
+        help=f"directory of the measured CSVs (default: {DEFAULT_DATA})",
+    )
     parser.add_argument("--hardware", default="a100-80gb", help="profile to evaluate")
     parser.add_argument("--fit", action="store_true", help="re-derive the default efficiencies")
-    parser.add_argument("--all-points", action="store_true",
-                        help="print every point (default: powers of two + knee every 32)")
+    parser.add_argument(
+        "--all-points",
+        action="store_true",
+        help="print every point (default: powers of two + knee every 32)",
+    )
     parser.add_argument("--csv", type=Path, help="write every layer-op point to this CSV")
     args = parser.parse_args(argv)
     if not args.data.is_dir():
@@ -372,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ops = load_layer_ops(args.data)
     att = load_attention(args.data)
-    cpu_fits, cpu_base, cpu_slope = fit_cpu(args.data)
+    cpu_fits, cpu_pooled = fit_cpu(args.data)
     ar = load_all_reduce(args.data)
 
     if args.fit:
@@ -381,12 +448,17 @@ def main(argv: list[str] | None = None) -> int:
         hw = with_efficiency(hw, elementwise=ew, elementwise_kernel_time_us=ew_lat)
         gemm = fit_gemm(ops, hw)
         hw = with_efficiency(hw, **gemm)
-        a_eff, a_lat = fit_attention(att, hw)
-        hw = with_efficiency(hw, attention=a_eff, attention_kernel_time_us=a_lat)
+        a_eff, a_masked, a_lat = fit_attention(att, hw)
+        hw = with_efficiency(
+            hw, attention=a_eff, attention_masked_fraction=a_masked, attention_kernel_time_us=a_lat
+        )
         lat, eff = fit_all_reduce(ar, hw.interconnect_bandwidth)[:2]
-        print(f"all-reduce: latency {lat * 1e6:.1f} us, link efficiency {eff:.3f} of "
-              f"{hw.interconnect_bandwidth / 1e9:.0f} GB/s")
-        print(f"cpu overhead: base {cpu_base:.3f} ms + {cpu_slope:.4f} ms/seq")
+        print(
+            f"all-reduce: latency {lat * 1e6:.1f} us, link efficiency {eff:.3f} of "
+            f"{hw.interconnect_bandwidth / 1e9:.0f} GB/s"
+        )
+        base, slope, _ = cpu_pooled["single_gpu"]
+        print(f"cpu overhead (single-GPU engines): base {base:.3f} ms + {slope:.4f} ms/seq")
         print("\nefficiency block:")
         for key in EFFICIENCY_KEYS:
             print(f"  {key}: {yaml_value(hw, key):g}")
@@ -399,11 +471,15 @@ def main(argv: list[str] | None = None) -> int:
     points = layer_points(ops, pred)
     if args.csv:
         points.to_csv(args.csv, index=False)
-    wide = points.pivot_table(index=["model", "tp", "num_tokens"], columns="op",
-                              values=["measured_s", "predicted_s", "err_pct"]).reset_index()
+    wide = points.pivot_table(
+        index=["model", "tp", "num_tokens"],
+        columns="op",
+        values=["measured_s", "predicted_s", "err_pct"],
+    ).reset_index()
     shown = wide[sample_tokens(wide["num_tokens"])] if not args.all_points else wide
-    table = pd.DataFrame({"model": shown["model"], "tp": shown["tp"],
-                          "tokens": shown["num_tokens"]})
+    table = pd.DataFrame(
+        {"model": shown["model"], "tp": shown["tp"], "tokens": shown["num_tokens"]}
+    )
     for op in GROUPS:
         table[f"{op}_meas_us"] = shown[("measured_s", op)] * 1e6
         table[f"{op}_pred_us"] = shown[("predicted_s", op)] * 1e6
@@ -411,10 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     print_table(table, "Per-layer ops per point (us; err = pred/meas - 1)", "{:.1f}")
 
     knee = points[points.num_tokens.between(*KNEE)]
-    print_table(summarize(points, ["model", "op", "tp"]),
-                "Per-layer ops: |error| by model / op / TP (all tokens)")
-    print_table(summarize(knee, ["model", "op", "tp"]),
-                f"Per-layer ops: |error| by model / op / TP, knee {KNEE[0]}-{KNEE[1]} tokens")
+    print_table(
+        summarize(points, ["model", "op", "tp"]),
+        "Per-layer ops: |error| by model / op / TP (all tokens)",
+    )
+    print_table(
+        summarize(knee, ["model", "op", "tp"]),
+        f"Per-layer ops: |error| by model / op / TP, knee {KNEE[0]}-{KNEE[1]} tokens",
+    )
     print_table(summarize(points, ["op"]), "Per-layer ops: |error| by op")
     print_table(summarize(knee, ["op"]), "Per-layer ops: |error| by op, knee region")
     linear = points[points.op != "elementwise"]
@@ -428,8 +508,10 @@ def main(argv: list[str] | None = None) -> int:
         ("all four groups, all tokens", points),
         ("all four groups, knee 64-512", knee),
         ("plain max(compute, memory): linear ops", plain_lin),
-        ("plain max(compute, memory): linear, knee",
-         plain_lin[plain_lin.num_tokens.between(*KNEE)]),
+        (
+            "plain max(compute, memory): linear, knee",
+            plain_lin[plain_lin.num_tokens.between(*KNEE)],
+        ),
     ]:
         med, p90, n = stats(pts.err_pct.abs().to_numpy())
         summary_rows.append({"set": label, "median_%": med, "p90_%": p90, "n": n})
@@ -437,48 +519,87 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- attention
     apts = predict_attention(att, hw)
-    shown = apts[
-        ((apts.kind == "decode") & apts.batch_size.isin([1, 2, 4, 8, 16, 32, 64, 128])
-         & apts.kv_cache_size.isin([32, 128, 512, 1024, 2048, 4032]))
-        | ((apts.kind == "prefill") & apts.chunk.isin([64, 128, 256, 512, 1024, 2048, 4096])
-           & apts.kv_cache_size.isin([0, 128, 512, 1024, 2048]))
-    ] if not args.all_points else apts
+    shown = (
+        apts[
+            (
+                (apts.kind == "decode")
+                & apts.batch_size.isin([1, 2, 4, 8, 16, 32, 64, 128])
+                & apts.kv_cache_size.isin([32, 128, 512, 1024, 2048, 4032])
+            )
+            | (
+                (apts.kind == "prefill")
+                & apts.chunk.isin([64, 128, 256, 512, 1024, 2048, 4096])
+                & apts.kv_cache_size.isin([0, 128, 512, 1024, 2048])
+            )
+        ]
+        if not args.all_points
+        else apts
+    )
     t = shown.assign(measured_us=shown.measured_s * 1e6, predicted_us=shown.predicted_s * 1e6)
-    print_table(t[["kind", "batch_size", "chunk", "kv_cache_size", "measured_us",
-                   "predicted_us", "err_pct"]],
-                "Attention kernel (Llama-2-70B TP2 shapes) per point", "{:.1f}")
+    print_table(
+        t[
+            [
+                "kind",
+                "batch_size",
+                "chunk",
+                "kv_cache_size",
+                "measured_us",
+                "predicted_us",
+                "err_pct",
+            ]
+        ],
+        "Attention kernel (Llama-2-70B TP2 shapes) per point",
+        "{:.1f}",
+    )
     arows = []
-    for label, sel in [("decode", apts.kind == "decode"), ("prefill", apts.kind == "prefill"),
-                       ("prefill, no cached context", (apts.kind == "prefill")
-                        & (apts.kv_cache_size == 0)),
-                       ("prefill over a cached context", (apts.kind == "prefill")
-                        & (apts.kv_cache_size > 0)),
-                       ("all", apts.kind.notna())]:
+    for label, sel in [
+        ("decode", apts.kind == "decode"),
+        ("prefill", apts.kind == "prefill"),
+        ("prefill, no cached context", (apts.kind == "prefill") & (apts.kv_cache_size == 0)),
+        ("prefill over a cached context", (apts.kind == "prefill") & (apts.kv_cache_size > 0)),
+        ("all", apts.kind.notna()),
+    ]:
         med, p90, n = stats(apts[sel].err_pct.abs().to_numpy())
         arows.append({"set": label, "median_%": med, "p90_%": p90, "n": n})
     print_table(pd.DataFrame(arows), "Attention kernel: |error|")
 
     # ---- cpu overhead
     print_table(cpu_fits, "CPU overhead per iteration: linear fit per model/TP (ms)", "{:.3f}")
-    med, p90, n = cpu_fits.attrs["err"]
-    print(f"\npooled fit: base {cpu_base:.3f} ms + {cpu_slope:.4f} ms/seq "
-          f"(|error| median {med:.1f} %, p90 {p90:.1f} %, n={n}); profile has base "
-          f"{hw.cpu_overhead_base * 1e3:.3f} ms + {hw.cpu_overhead_per_seq * 1e3:.4f} ms/seq")
+    print()
+    for label, (base, slope, (med, p90, n)) in cpu_pooled.items():
+        print(
+            f"pooled fit ({label} engines): base {base:.3f} ms + {slope:.4f} ms/seq "
+            f"(|error| median {med:.1f} %, p90 {p90:.1f} %, n={n})"
+        )
+    print(
+        f"profile {hw.name}: base {hw.cpu_overhead_base * 1e3:.3f} ms + "
+        f"{hw.cpu_overhead_per_seq * 1e3:.4f} ms/seq"
+    )
 
     # ---- all-reduce
     lat, eff, sel = fit_all_reduce(ar, hw.interconnect_bandwidth)
-    arpts = all_reduce_points(sel, hw.interconnect_latency,
-                              hw.interconnect_bandwidth * hw.interconnect_efficiency)
+    arpts = all_reduce_points(
+        sel, hw.interconnect_latency, hw.interconnect_bandwidth * hw.interconnect_efficiency
+    )
     rows = []
     for n_gpu, g in arpts.groupby("num_workers"):
         med, p90, n = stats(g.err_pct.abs().to_numpy())
         small = g[g.bytes <= 1 << 20]
-        rows.append({"gpus": n_gpu, "median_%": med, "p90_%": p90,
-                     "median_small_%": stats(small.err_pct.abs().to_numpy())[0], "n": n})
-    print(f"\n## All-reduce inside a DGX A100 node\n\nfit: latency {lat * 1e6:.1f} us, "
-          f"bus bandwidth {eff * hw.interconnect_bandwidth / 1e9:.0f} GB/s = {eff:.2f} x "
-          f"{hw.interconnect_bandwidth / 1e9:.0f} GB/s; profile: latency "
-          f"{hw.interconnect_latency * 1e6:.1f} us, efficiency {hw.interconnect_efficiency:.2f}")
+        rows.append(
+            {
+                "gpus": n_gpu,
+                "median_%": med,
+                "p90_%": p90,
+                "median_small_%": stats(small.err_pct.abs().to_numpy())[0],
+                "n": n,
+            }
+        )
+    print(
+        f"\n## All-reduce inside a DGX A100 node\n\nfit: latency {lat * 1e6:.1f} us, "
+        f"bus bandwidth {eff * hw.interconnect_bandwidth / 1e9:.0f} GB/s = {eff:.2f} x "
+        f"{hw.interconnect_bandwidth / 1e9:.0f} GB/s; profile: latency "
+        f"{hw.interconnect_latency * 1e6:.1f} us, efficiency {hw.interconnect_efficiency:.2f}"
+    )
     print_table(pd.DataFrame(rows), "All-reduce |error| with the profile values (<= 64 MiB)")
     return 0
 

@@ -45,13 +45,15 @@ class ContinuousScheduler(Scheduler):
         self, token_budget: int, num_running: int, requests: list[Request], tokens: list[int]
     ) -> None:
         """Admit waiting requests, whole prompts, FCFS, while the budget, the batch cap and
-        the KV cache allow. A preempted request whose recompute exceeds the budget may still
-        run when it is the only prefill of the iteration."""
+        the KV cache allow. A preempted request whose recompute (prompt + generated tokens)
+        is longer than the whole budget could never fit: it runs as the first prefill of an
+        iteration, over budget, rather than never."""
         first = True
+        max_budget = self.config.max_num_batched_tokens
         while self.waiting and num_running < self.max_num_seqs:
             request = self.waiting[0]
             q = request.num_remaining_tokens
-            if q > token_budget and not first:
+            if q > token_budget and not (first and q > max_budget):
                 break
             if not self.kv_cache.allocate(request, request.num_tokens):
                 break

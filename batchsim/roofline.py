@@ -1,0 +1,278 @@
+"""The ``batchsim roofline`` command: price a few iteration shapes with the cost model.
+
+Owns the command's options (:func:`add_arguments`), their validation (one-line
+:class:`~batchsim.errors.ConfigError` naming the option and the allowed values) and its three
+output formats (table, csv, json). ``batchsim.cli`` wires it in as a subcommand.
+
+Two kinds of shapes:
+
+* ``--batch 1,8,64 --context C`` — decode iterations: B requests, each with C cached tokens;
+* ``--tokens 1,512,2048 [--context C]`` — one prefill chunk of N tokens after C cached tokens.
+
+Must not import simpy, the engine or the scheduler: it needs only the catalogs and
+:mod:`batchsim.cost`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from typing import Any, TextIO
+
+from batchsim.cost import OP_NAMES, WEIGHT_DTYPES, BatchShape, RooflineCostModel
+from batchsim.errors import ConfigError
+from batchsim.hardware import load_hardware
+from batchsim.model import DTYPE_BYTES, load_model
+
+__all__ = ["FORMATS", "add_arguments", "build_rows", "run"]
+
+FORMATS = ("table", "csv", "json")
+KV_DTYPES = ("auto", *DTYPE_BYTES)
+DEFAULT_DECODE_CONTEXT = 1024
+MAX_KNEE_BATCH = 65536
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``roofline`` options to ``parser``."""
+    parser.add_argument("--model", required=True, help="built-in model name, YAML or config.json")
+    parser.add_argument("--hardware", required=True, help="built-in hardware name or YAML path")
+    parser.add_argument("--tp", default="1", help="tensor-parallel degree (default 1)")
+    parser.add_argument(
+        "--dtype", default="bf16", help=f"weight dtype: {', '.join(WEIGHT_DTYPES)} (default bf16)"
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        default="auto",
+        help=f"KV-cache dtype: {', '.join(KV_DTYPES)} (default auto = weight dtype)",
+    )
+    parser.add_argument("--batch", help="decode batch sizes, comma-separated (e.g. 1,8,64,256)")
+    parser.add_argument(
+        "--tokens", help="prefill chunk sizes in tokens, comma-separated (e.g. 1,512,2048)"
+    )
+    parser.add_argument(
+        "--context",
+        default=None,
+        help=f"cached tokens per request (default {DEFAULT_DECODE_CONTEXT} with --batch, "
+        "0 with --tokens)",
+    )
+    parser.add_argument("--format", default="table", help="table, csv or json (default table)")
+    parser.add_argument(
+        "--ideal",
+        action="store_true",
+        help="pure datasheet roofline: efficiencies 1, no tiles, floors or overheads",
+    )
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _int_list(option: str, text: str) -> list[int]:
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise ConfigError(
+                f"{option}: expected comma-separated integers >= 1, got {text!r}"
+            ) from None
+        if value < 1:
+            raise ConfigError(f"{option}: values must be integers >= 1, got {value}")
+        values.append(value)
+    return values
+
+
+def _int(option: str, text: Any, minimum: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{option}: expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{option}: must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{option}: unknown value {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def build_rows(
+    cost_model: RooflineCostModel, shapes: list[tuple[int, int, BatchShape]]
+) -> list[dict[str, Any]]:
+    """One output row per (batch size, context, shape)."""
+    rows = []
+    for batch, context, shape in shapes:
+        cost = cost_model.estimate(shape)
+        rows.append(
+            {
+                "batch_size": batch,
+                "context_len": context,
+                "num_tokens": int(shape.num_tokens),
+                "time_ms": cost.time * 1e3,
+                "flops": float(cost.flops),
+                "bytes": float(cost.bytes),
+                "intensity": float(cost.intensity),
+                "bound": cost.bound,
+                "ops": {name: cost.ops[name].time * 1e3 for name in OP_NAMES},
+            }
+        )
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``batchsim roofline``; returns the exit code (errors raise ConfigError)."""
+    fmt = _choice("--format", args.format, FORMATS)
+    dtype = _choice("--dtype", args.dtype, WEIGHT_DTYPES)
+    kv_dtype = _choice("--kv-dtype", args.kv_dtype, KV_DTYPES)
+    tp = _int("--tp", args.tp, 1)
+    if (args.batch is None) == (args.tokens is None):
+        raise ConfigError(
+            "roofline: give exactly one of --batch (decode batch sizes) or --tokens "
+            "(prefill chunk sizes), e.g. --batch 1,8,64 or --tokens 512,2048"
+        )
+    decode = args.batch is not None
+    sizes = _int_list("--batch" if decode else "--tokens", args.batch if decode else args.tokens)
+    default_context = DEFAULT_DECODE_CONTEXT if decode else 0
+    context = default_context if args.context is None else _int("--context", args.context, 0)
+
+    model = load_model(args.model, key="--model")
+    hardware = load_hardware(args.hardware, key="--hardware")
+    heads = model.num_attention_heads
+    if heads % tp:
+        allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ConfigError(
+            f"--tp: must divide the {heads} attention heads of {model.name}, got {tp}; "
+            f"allowed: {allowed}"
+        )
+    cost_model = RooflineCostModel(
+        model, hardware, tp=tp, dtype=dtype, kv_dtype=kv_dtype, ideal=args.ideal
+    )
+    window = model.sliding_window
+    if decode:
+        shapes = [(b, context, BatchShape.decode(b, context, window)) for b in sizes]
+    else:
+        shapes = [(1, context, BatchShape.prefill(n, context, window)) for n in sizes]
+    rows = build_rows(cost_model, shapes)
+    knee = cost_model.knee_batch_size(max(context, 1) if decode else context, MAX_KNEE_BATCH)
+    result = {
+        "model": model.name,
+        "hardware": hardware.name,
+        "tp": tp,
+        "dtype": dtype,
+        "kv_dtype": cost_model.kv_dtype,
+        "compute_dtype": cost_model.compute_dtype,
+        "ideal": bool(args.ideal),
+        "context_len": context,
+        "ridge_point": cost_model.ridge_point,
+        "knee_batch_size": knee,
+        "rows": rows,
+    }
+    out = sys.stdout
+    if fmt == "json":
+        json.dump(result, out, indent=2)
+        out.write("\n")
+    elif fmt == "csv":
+        _write_csv(rows, out)
+    else:
+        _write_table(result, decode, out)
+    return 0
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _write_csv(rows: list[dict[str, Any]], out: TextIO) -> None:
+    scalar = [
+        "batch_size",
+        "context_len",
+        "num_tokens",
+        "time_ms",
+        "flops",
+        "bytes",
+        "intensity",
+        "bound",
+    ]
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(scalar + [f"{name}_ms" for name in OP_NAMES])
+    for row in rows:
+        writer.writerow(
+            [f"{row[k]:.6g}" if isinstance(row[k], float) else row[k] for k in scalar]
+            + [f"{row['ops'][name]:.6g}" for name in OP_NAMES]
+        )
+
+
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def _write_table(result: dict[str, Any], decode: bool, out: TextIO) -> None:
+    rows = result["rows"]
+    knee = result["knee_batch_size"]
+    mode = "ideal datasheet roofline" if result["ideal"] else "calibrated roofline"
+    print(
+        f"{result['model']} on {result['hardware']}  tp={result['tp']}  dtype={result['dtype']} "
+        f"(compute {result['compute_dtype']})  kv={result['kv_dtype']}  [{mode}]",
+        file=out,
+    )
+    what = (
+        f"decode: B requests x {result['context_len']} cached tokens"
+        if decode
+        else f"prefill: one chunk of N tokens after {result['context_len']} cached tokens"
+    )
+    knee_text = (
+        f"decode turns compute-bound at B = {knee}"
+        if knee is not None
+        else f"decode stays memory-bound up to B = {MAX_KNEE_BATCH}"
+    )
+    print(
+        f"{what}; ridge point {result['ridge_point']:.0f} FLOP/B; knee at context "
+        f"{result['context_len']}: {knee_text}",
+        file=out,
+    )
+    head = (
+        ["batch", "context", "tokens", "time ms", "tok/s", "FLOPs", "bytes", "FLOP/B", "bound"]
+        + [name for name in OP_NAMES]
+        + [""]
+    )
+    cells = []
+    marked = False
+    for row in rows:
+        tok_s = row["num_tokens"] / (row["time_ms"] / 1e3) if row["time_ms"] > 0 else 0.0
+        mark = ""
+        if decode and not marked and row["bound"] == "compute":
+            mark, marked = "<- knee (first compute-bound row)", True
+        cells.append(
+            [
+                str(row["batch_size"]),
+                str(row["context_len"]),
+                str(row["num_tokens"]),
+                f"{row['time_ms']:.3f}",
+                f"{tok_s:,.0f}",
+                _si(row["flops"], "FLOP"),
+                _si(row["bytes"], "B"),
+                f"{row['intensity']:.1f}",
+                row["bound"],
+            ]
+            + [f"{row['ops'][name]:.3f}" for name in OP_NAMES]
+            + [mark]
+        )
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    print("op columns: time in ms per operator group", file=out)
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)).rstrip(), file=out)
+    for c in cells:
+        print(
+            "  ".join(
+                v.rjust(w) if i < len(c) - 1 else v for i, (v, w) in enumerate(zip(c, widths))
+            ).rstrip(),
+            file=out,
+        )

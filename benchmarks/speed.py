@@ -1,0 +1,211 @@
+"""How fast is batchsim? Wall time, peak memory and simulated iterations/s per case.
+
+    python benchmarks/speed.py                 # cases (a) (b) (c), a few minutes at most
+    python benchmarks/speed.py --million       # also (d): 1,000,000 requests (takes minutes)
+    python benchmarks/speed.py --azure PATH    # the Azure conv trace somewhere else
+
+Cases:
+  (a) 10,000 requests, Poisson 2 req/s, prompts uniform 512-2048, outputs uniform 128-512,
+      Llama-2-7B on an A100-80GB, continuous batching, max_num_seqs 128, max_num_batched_tokens
+      4096. Timed twice: the whole ``batchsim run`` (CLI in a subprocess, outputs written) and
+      ``simulate()`` alone. Targets: <= 5 s and <= 500 MB.
+  (b) the same workload under each policy.
+  (c) the full Azure LLM inference 2023 conversation trace (default
+      ``../shared/traces/azure_llm_2023_conv.csv`` from the repository root; skipped if absent).
+  (d) ``--million``: workload (a) with 1,000,000 requests must finish without exhausting memory.
+
+Every case runs in its own subprocess, so its peak memory (max RSS, from ``os.wait4``) is its
+own. Peak memory of a ``simulate()`` case includes the interpreter and imports (~150 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_AZURE = REPO.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+TARGET_WALL_S = 5.0
+TARGET_PEAK_MB = 500.0
+
+
+def workload_a(num_requests: int = 10_000) -> dict[str, Any]:
+    return {
+        "num_requests": num_requests,
+        "arrival": {"process": "poisson", "rate": 2.0},
+        "prompt_tokens": {"dist": "uniform", "min": 512, "max": 2048},
+        "output_tokens": {"dist": "uniform", "min": 128, "max": 512},
+    }
+
+
+def experiment(name: str, scheduler: dict[str, Any], workload: dict[str, Any], **top: Any):
+    return {
+        "name": name,
+        "seed": 0,
+        "hardware": top.pop("hardware", "a100-80gb"),
+        "model": top.pop("model", "llama-2-7b"),
+        "scheduler": scheduler,
+        "workload": workload,
+        **top,
+    }
+
+
+CONTINUOUS = {"policy": "continuous", "max_num_seqs": 128, "max_num_batched_tokens": 4096}
+POLICY_SCHEDULERS = {
+    # Request-level batches of 32 fill in ~16 s at 2 req/s and drain well within that.
+    "static": {"policy": "static", "max_num_seqs": 32},
+    "dynamic": {"policy": "dynamic", "max_num_seqs": 32, "max_wait_ms": 2000},
+    "continuous": CONTINUOUS,
+    "continuous-mixed": {**CONTINUOUS, "mix_prefill_decode": True},
+    "chunked_prefill": {"policy": "chunked_prefill", "max_num_seqs": 128,
+                        "max_num_batched_tokens": 512},
+}
+
+# Runs in a fresh interpreter: simulate() alone, timed inside, result as one JSON line.
+_SIMULATE_ONLY = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from batchsim.config import load_experiment
+    from batchsim.simulation import simulate
+    path = Path(sys.argv[1])
+    config = load_experiment(path)
+    start = time.perf_counter()
+    result = simulate(config, path.parent)
+    wall = time.perf_counter() - start
+    s = result.summary
+    print(json.dumps({"wall_s": wall, "iterations": s["num_iterations"],
+                      "requests": s["num_requests"], "completed": s["completed"]}))
+    """
+)
+
+
+def run_child(argv: list[str]) -> tuple[float, float, int, str, str]:
+    """Run a subprocess; return (wall s, peak RSS MB, exit code, stdout, stderr)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        peak_mb = usage.ru_maxrss / 1024.0  # Linux: KiB
+        if sys.platform == "darwin":
+            peak_mb /= 1024.0  # macOS: bytes
+        return wall, peak_mb, proc.returncode, out.read(), err.read()
+
+
+def bench(name: str, exp: dict[str, Any], workdir: Path, with_cli: bool) -> dict[str, Any]:
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(exp, sort_keys=False), encoding="utf-8")
+    row: dict[str, Any] = {"case": name}
+    wall, peak, code, out, err = run_child([sys.executable, "-c", _SIMULATE_ONLY, str(path)])
+    if code != 0:
+        row["error"] = (err.strip().splitlines() or ["?"])[-1]
+        return row
+    info = json.loads(out.strip().splitlines()[-1])
+    row.update(
+        requests=info["requests"],
+        completed=info["completed"],
+        iterations=info["iterations"],
+        simulate_s=info["wall_s"],
+        iter_per_s=info["iterations"] / info["wall_s"],
+        req_per_s=info["requests"] / info["wall_s"],
+        simulate_peak_mb=peak,
+    )
+    if with_cli:
+        argv = [sys.executable, "-m", "batchsim.cli", "run", str(path), "-o", str(workdir / name)]
+        wall, peak, code, out, err = run_child(argv)
+        if code != 0:
+            row["error"] = (err.strip().splitlines() or ["?"])[-1]
+        row.update(cli_s=wall, cli_peak_mb=peak)
+    return row
+
+
+COLUMNS = [
+    ("case", "case", "{}"),
+    ("requests", "requests", "{:,}"),
+    ("iterations", "iterations", "{:,}"),
+    ("simulate_s", "simulate s", "{:.2f}"),
+    ("iter_per_s", "iter/s", "{:,.0f}"),
+    ("req_per_s", "req/s", "{:,.0f}"),
+    ("simulate_peak_mb", "peak MB", "{:.0f}"),
+    ("cli_s", "batchsim run s", "{:.2f}"),
+    ("cli_peak_mb", "run peak MB", "{:.0f}"),
+]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    cells = [
+        [fmt.format(r[key]) if r.get(key) is not None else "-" for key, _, fmt in COLUMNS]
+        for r in rows
+    ]
+    widths = [max(len(title), *(len(c[i]) for c in cells)) for i, (_, title, _) in enumerate(COLUMNS)]
+    print("  ".join(title.rjust(w) if i else title.ljust(w)
+                    for i, ((_, title, _), w) in enumerate(zip(COLUMNS, widths))))
+    for c in cells:
+        print("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths))))
+    for r in rows:
+        if "error" in r:
+            print(f"  {r['case']}: FAILED: {r['error']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--azure", type=Path, default=DEFAULT_AZURE, help="Azure conv trace CSV")
+    parser.add_argument("--million", action="store_true", help="also run 1,000,000 requests")
+    parser.add_argument("--only", help="run only cases whose name contains this")
+    args = parser.parse_args(argv)
+
+    cases: list[tuple[str, dict[str, Any], bool]] = [
+        ("a: continuous 10k", experiment("a", CONTINUOUS, workload_a()), True),
+    ]
+    for policy, scheduler in POLICY_SCHEDULERS.items():
+        cases.append((f"b: {policy} 10k", experiment(f"b-{policy}", scheduler, workload_a()), False))
+    azure = args.azure.resolve()
+    if azure.is_file():
+        trace = {"trace": {"path": str(azure), "format": "azure"}}
+        scheduler = {"policy": "chunked_prefill", "max_num_seqs": 256,
+                     "max_num_batched_tokens": 2048}
+        cases.append(("c: azure conv (chunked)",
+                      experiment("c", scheduler, trace, hardware="h100-sxm", model="llama-3-8b"),
+                      True))
+    else:
+        print(f"(c) skipped: no Azure conv trace at {azure} (use --azure PATH)")
+    if args.million:
+        cases.append(("d: continuous 1M", experiment("d", CONTINUOUS, workload_a(1_000_000)), True))
+    if args.only:
+        cases = [c for c in cases if args.only in c[0]]
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="batchsim-speed-") as tmp:
+        for name, exp, with_cli in cases:
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            rows.append(bench(name, exp, Path(tmp), with_cli))
+    print()
+    print_table(rows)
+    first = rows[0] if rows and rows[0]["case"].startswith("a:") else None
+    if first and "cli_s" in first:
+        ok_time = first["cli_s"] <= TARGET_WALL_S
+        ok_mem = first["cli_peak_mb"] <= TARGET_PEAK_MB
+        print(
+            f"\ntarget (a): batchsim run <= {TARGET_WALL_S:g} s: {first['cli_s']:.2f} s "
+            f"{'ok' if ok_time else 'MISSED'}; peak <= {TARGET_PEAK_MB:g} MB: "
+            f"{first['cli_peak_mb']:.0f} MB {'ok' if ok_mem else 'MISSED'}"
+        )
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,616 @@
+"""End-to-end behaviour of the engine loop: whole experiments through ``simulate()``.
+
+Each test states one rule of the engine (architecture.md sections 2-6, concepts.md) and checks
+it on a small experiment whose numbers follow from the rule, not from a pinned seeded run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import batchsim
+from batchsim import simulation
+from batchsim.config import validate_experiment
+from batchsim.engine import Engine
+from batchsim.metrics import weighted_percentiles
+from batchsim.simulation import Result, simulate
+from conftest import tiny_experiment
+
+POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def fixed(value: int) -> dict[str, Any]:
+    return {"dist": "fixed", "value": value}
+
+
+def uniform(lo: int, hi: int) -> dict[str, Any]:
+    return {"dist": "uniform", "min": lo, "max": hi}
+
+
+def experiment(
+    workload: dict[str, Any],
+    scheduler: dict[str, Any] | None = None,
+    engine: dict[str, Any] | None = None,
+    **top: Any,
+) -> dict[str, Any]:
+    """Llama-2-7B on an A100-80GB with exactly this workload block."""
+    data = tiny_experiment(**top)
+    data["workload"] = workload
+    data["scheduler"] = scheduler or {"policy": "continuous", "max_num_seqs": 32}
+    if engine:
+        data["engine"] = engine
+    return data
+
+
+def offline(num: int, prompt: Any, output: Any, **extra: Any) -> dict[str, Any]:
+    """``num`` requests all at t=0 (an offline throughput benchmark)."""
+    return {
+        "num_requests": num,
+        "arrival": {"process": "all_at_once"},
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        **extra,
+    }
+
+
+def poisson(num: int, rate: float, prompt: Any, output: Any, **extra: Any) -> dict[str, Any]:
+    return {
+        "num_requests": num,
+        "arrival": {"process": "poisson", "rate": rate},
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        **extra,
+    }
+
+
+def write_trace(path: Path, rows: list[tuple[float, int, int]]) -> dict[str, Any]:
+    """A csv trace of (arrival s, prompt, output) rows; ``repr`` keeps every float exact."""
+    lines = ["arrival_time,prompt_tokens,output_tokens"]
+    lines += [f"{t!r},{p},{o}" for t, p, o in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {"trace": {"path": str(path), "format": "csv"}}
+
+
+def sim(data: dict[str, Any]) -> Result:
+    return simulate(validate_experiment(data))
+
+
+@contextlib.contextmanager
+def capture_engines() -> Iterator[list[Engine]]:
+    """Keep the :class:`Engine` that ``simulate()`` builds (to look at its KV cache)."""
+    engines: list[Engine] = []
+
+    class RecordingEngine(Engine):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    with mock.patch.object(simulation, "Engine", RecordingEngine):
+        yield engines
+
+
+def sim_with_engine(data: dict[str, Any]) -> tuple[Result, Engine]:
+    with capture_engines() as engines:
+        result = sim(data)
+    (engine,) = engines
+    return result, engine
+
+
+def iteration_ends(result: Result) -> np.ndarray:
+    it = result.iterations
+    return it["start_time_s"].to_numpy() + it["duration_ms"].to_numpy() / 1e3
+
+
+# ----------------------------------------------------------------------------- same-time rule
+
+
+@pytest.mark.parametrize(
+    ("second_arrival", "joins"), [(0.1, True), (math.nextafter(0.1, 1.0), False)]
+)
+def test_arrival_exactly_at_dynamic_deadline_joins_the_batch(tmp_path, second_arrival, joins):
+    # max_wait 100 ms: the batch of the request arriving at t=0 launches at exactly t=0.1.
+    # A third, late arrival keeps arrivals pending so that no partial batch launches early.
+    trace = write_trace(
+        tmp_path / "t.csv", [(0.0, 32, 4), (second_arrival, 32, 4), (5.0, 32, 4)]
+    )
+    result = sim(
+        experiment(trace, {"policy": "dynamic", "max_num_seqs": 4, "max_wait_ms": 100})
+    )
+    first = result.iterations.iloc[0]
+    assert first["start_time_s"] == 0.1
+    assert first["num_seqs"] == (2 if joins else 1)
+    scheduled = result.requests["first_scheduled_time_s"].to_numpy()
+    assert scheduled[0] == 0.1
+    assert (scheduled[1] == 0.1) == joins
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_arrival_exactly_at_iteration_end_is_scheduled_at_that_boundary(tmp_path, late):
+    # Request A alone at t=0: its prefill ends at T. B arriving exactly at T is visible to the
+    # schedule() at T (prefill first, zero queue delay); one ulp later it waits for A's decode.
+    alone = sim(experiment(write_trace(tmp_path / "a.csv", [(0.0, 64, 8)])))
+    end_of_prefill = float(alone.requests["first_token_time_s"].iloc[0])
+    arrival = math.nextafter(end_of_prefill, math.inf) if late else end_of_prefill
+    trace = write_trace(tmp_path / "ab.csv", [(0.0, 64, 8), (arrival, 64, 8)])
+    result = sim(experiment(trace))
+    b = result.requests.iloc[1]
+    starts = result.iterations["start_time_s"].to_numpy()
+    assert starts[1] == end_of_prefill
+    if late:
+        assert b["first_scheduled_time_s"] == starts[2] > arrival
+        assert result.iterations["num_decode_seqs"].iloc[1] == 1  # A decoded first
+    else:
+        assert b["first_scheduled_time_s"] == end_of_prefill
+        assert b["queue_delay_ms"] == 0.0
+
+
+# ----------------------------------------------------------------------------- idle engine
+
+
+def test_idle_engine_sleeps_until_next_arrival(tmp_path):
+    one = sim(experiment(write_trace(tmp_path / "one.csv", [(0.0, 64, 16)])))
+    two = sim(experiment(write_trace(tmp_path / "two.csv", [(0.0, 64, 16), (100.0, 64, 16)])))
+    # No iteration runs during the 100 s gap: two isolated requests cost twice one request.
+    assert one.summary["num_iterations"] == 16  # 1 prefill + 15 decodes
+    assert two.summary["num_iterations"] == 2 * one.summary["num_iterations"]
+    first, second = two.requests.iloc[0], two.requests.iloc[1]
+    starts = two.iterations["start_time_s"].to_numpy()
+    assert not np.any((starts > first["finish_time_s"]) & (starts < 100.0))
+    assert second["queue_delay_ms"] == 0.0
+    assert second["e2el_ms"] == pytest.approx(first["e2el_ms"], rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- static, dynamic
+
+
+@pytest.mark.parametrize(("num", "cap"), [(10, 4), (12, 4), (5, 8), (7, 1)])
+def test_static_batch_finishes_in_ceil_n_over_b_waves(num, cap):
+    data = experiment(
+        offline(num, fixed(64), fixed(16)), {"policy": "static", "max_num_seqs": cap}
+    )
+    req = sim(data).requests
+    finish = req["finish_time_s"].to_numpy()
+    waves = np.unique(finish)
+    assert len(waves) == math.ceil(num / cap)
+    sizes = [int((finish == t).sum()) for t in waves]
+    assert sizes == [cap] * (num // cap) + ([num % cap] if num % cap else [])
+    # A wave starts when the previous one has ended, not before.
+    starts = np.unique(req["first_scheduled_time_s"].to_numpy())
+    assert starts[0] == 0.0
+    np.testing.assert_array_equal(starts[1:], waves[:-1])
+
+
+def test_dynamic_queue_delay_at_low_rate_is_bounded_by_max_wait_or_running_batch():
+    max_wait_s = 0.050
+    data = experiment(
+        poisson(100, 1.0, uniform(32, 128), uniform(4, 32)),
+        {"policy": "dynamic", "max_num_seqs": 8, "max_wait_ms": 50},
+    )
+    req = sim(data).requests
+    arrival = req["arrival_time_s"].to_numpy()
+    start = req["first_scheduled_time_s"].to_numpy()
+    batch_start = np.unique(start)
+    batch_end = np.array([req["finish_time_s"][start == s].max() for s in batch_start])
+    for a, s in zip(arrival, start, strict=True):
+        # A request arriving during a batch can also wait for that batch to end.
+        running = (batch_start <= a) & (a < batch_end)
+        residual = float(batch_end[running].max() - a) if running.any() else 0.0
+        assert s - a <= max(max_wait_s, residual) + 1e-12
+    # The timer is exact: a request alone on an idle engine waits max_wait_ms, no more.
+    alone = np.isclose(start - arrival, max_wait_s, rtol=0, atol=1e-12)
+    assert alone.sum() > len(req) / 2
+
+
+def test_dynamic_batches_are_full_at_high_rate():
+    # 1000 req/s: ~50 arrivals per 50 ms window, far more than the batch cap of 8.
+    data = experiment(
+        poisson(100, 1000.0, uniform(32, 128), uniform(4, 32)),
+        {"policy": "dynamic", "max_num_seqs": 8, "max_wait_ms": 50},
+    )
+    it = sim(data).iterations
+    batch_sizes = it.loc[it["num_prefill_seqs"] > 0, "num_seqs"].tolist()
+    assert batch_sizes == [8] * 12 + [4]  # the last batch takes what is left of 100
+
+
+# ----------------------------------------------------------------------------- cancellation
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cancelled_request_leaves_at_first_boundary_after_cancel_time_and_frees_kv(policy):
+    data = experiment(
+        poisson(
+            40,
+            10.0,
+            uniform(64, 256),
+            uniform(8, 200),
+            cancel_after_ms={"dist": "uniform", "min": 50, "max": 2000},
+        ),
+        {"policy": policy, "max_num_seqs": 4, "max_wait_ms": 20},
+    )
+    result, engine = sim_with_engine(data)
+    it = result.iterations
+    starts = it["start_time_s"].to_numpy()
+    ends = iteration_ends(result)
+    cancelled = [r for r in engine.requests if r.status.name == "CANCELLED"]
+    assert cancelled, "the workload is meant to cancel some requests"
+    assert any(r.first_scheduled_time == r.first_scheduled_time for r in cancelled)
+    for r in cancelled:
+        leave, cancel = r.finish_time, r.cancel_time
+        assert leave >= cancel
+        assert r.num_output_tokens < r.max_tokens
+        in_flight = (starts < cancel) & (cancel < ends - 1e-12)
+        if in_flight.any():  # the launched iteration completes; the request leaves at its end
+            assert leave == pytest.approx(float(ends[in_flight][0]), abs=1e-9)
+        else:  # the engine was at a boundary or idle: the request leaves at once
+            assert leave == pytest.approx(cancel, abs=1e-9)
+    assert result.summary["num_cancelled"] == len(cancelled)
+    status = result.requests["status"]
+    assert set(status) <= {"finished", "cancelled"}
+    assert engine.scheduler.kv_cache.num_used_blocks == 0
+    assert not engine.scheduler.has_unfinished_requests()
+
+
+# ----------------------------------------------------------------------------- async scheduling
+
+
+def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step():
+    cpu_ms = 20.0  # far above a Llama-2-7B decode step (~10 ms): the CPU is the bottleneck
+
+    def run(async_scheduling: bool) -> Result:
+        engine = {
+            "cpu_overhead_ms": cpu_ms,
+            "cpu_overhead_per_seq_ms": 0.0,
+            "async_scheduling": async_scheduling,
+        }
+        return sim(
+            experiment(
+                offline(16, fixed(64), fixed(32)),
+                {"policy": "continuous", "max_num_seqs": 8},
+                engine,
+            )
+        )
+
+    sync, overlapped = run(False), run(True)
+    assert overlapped.summary["mean_itl_ms"] < sync.summary["mean_itl_ms"]
+    for result in (sync, overlapped):
+        assert (result.iterations["cpu_time_ms"] == cpu_ms).all()
+    it = sync.iterations
+    np.testing.assert_allclose(it["duration_ms"], it["cpu_time_ms"] + it["gpu_time_ms"], 1e-12)
+    it = overlapped.iterations
+    # all_at_once keeps the engine busy back to back after the first iteration.
+    starts = it["start_time_s"].to_numpy()
+    np.testing.assert_allclose(starts[1:], iteration_ends(overlapped)[:-1], rtol=0, atol=1e-9)
+    first = it.iloc[0]
+    assert first["duration_ms"] == pytest.approx(first["cpu_time_ms"] + first["gpu_time_ms"])
+    rest = it.iloc[1:]
+    np.testing.assert_allclose(
+        rest["duration_ms"], np.maximum(rest["cpu_time_ms"], rest["gpu_time_ms"]), 1e-12
+    )
+
+
+# ----------------------------------------------------------------------------- fast-forward
+
+
+def _numeric(summary: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in summary.items()
+        if k != "wall_time_s" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def assert_summaries_match(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-9) -> None:
+    sa, sb = _numeric(a), _numeric(b)
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        x, y = sa[key], sb[key]
+        assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel), (key, x, y)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("num_gpu_blocks", [None, 40])
+def test_fast_forward_off_gives_the_same_summary(policy, num_gpu_blocks):
+    # Decode stretches must be exact: the same run, iteration by iteration, agrees to 1e-9,
+    # with arrivals, cancellations, completions and (small KV cache) preemptions cutting them.
+    workload = poisson(
+        40,
+        8.0,
+        uniform(16, 200),
+        uniform(1, 120),
+        cancel_after_ms={"dist": "uniform", "min": 200, "max": 6000},
+    )
+    scheduler = {
+        "policy": policy,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "max_wait_ms": 30,
+    }
+    engine: dict[str, Any] = {} if num_gpu_blocks is None else {"num_gpu_blocks": num_gpu_blocks}
+    fast = sim(experiment(workload, scheduler, engine))
+    slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
+    assert_summaries_match(fast.summary, slow.summary)
+    assert len(fast.iterations) == len(slow.iterations)
+    for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens"):
+        np.testing.assert_allclose(fast.requests[column], slow.requests[column], rtol=1e-9)
+    np.testing.assert_allclose(
+        fast.iterations["duration_ms"], slow.iterations["duration_ms"], rtol=1e-9
+    )
+    np.testing.assert_allclose(
+        fast.iterations["kv_cache_usage"], slow.iterations["kv_cache_usage"], rtol=1e-6
+    )
+
+
+# ----------------------------------------------------------------------------- the knee
+
+
+def test_throughput_rises_with_batch_cap_and_flattens_past_the_knee():
+    caps = [1, 4, 16, 64, 128, 256]
+    throughput = []
+    for cap in caps:
+        data = experiment(
+            offline(256, fixed(128), fixed(128)),
+            {"policy": "continuous", "max_num_seqs": cap, "max_num_batched_tokens": 32768},
+        )
+        summary = sim(data).summary
+        assert summary["num_preemptions"] == 0
+        throughput.append(summary["output_throughput"])
+    # Memory-bound: batching B decodes costs about one weight read, so throughput grows ~B...
+    assert all(b > a for a, b in zip(throughput, throughput[1:]))
+    assert throughput[2] / throughput[0] > 8  # 16x the batch, far more than 8x the tokens/s
+    # ...until KV reads and compute catch up: the last doubling gains little.
+    assert throughput[-1] / throughput[-2] < 1.3
+
+
+# ----------------------------------------------------------------------------- policies compared
+
+
+def test_continuous_beats_static_on_varied_output_lengths():
+    workload = poisson(200, 20.0, uniform(64, 256), {"dist": "exponential", "mean": 64, "max": 512})
+    static = sim(experiment(workload, {"policy": "static", "max_num_seqs": 16})).summary
+    continuous = sim(experiment(workload, {"policy": "continuous", "max_num_seqs": 16})).summary
+    assert continuous["output_throughput"] > static["output_throughput"]
+    assert continuous["mean_e2el_ms"] < static["mean_e2el_ms"]
+    assert static["empty_slot_fraction"] > 0 == continuous["empty_slot_fraction"]
+
+
+LONG_PROMPTS_INTO_DECODES = poisson(60, 2.0, uniform(2048, 4000), uniform(64, 256))
+
+
+def test_chunked_prefill_lowers_p99_itl_versus_continuous_without_mixing():
+    no_mix = sim(
+        experiment(
+            LONG_PROMPTS_INTO_DECODES,
+            {"policy": "continuous", "max_num_seqs": 64, "max_num_batched_tokens": 4096},
+        )
+    ).summary
+    chunked = sim(
+        experiment(
+            LONG_PROMPTS_INTO_DECODES,
+            {"policy": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 512},
+        )
+    ).summary
+    # Without mixing, a running decode stalls for a whole 2-4k-token prefill; chunks of 512
+    # tokens bound that stall.
+    assert chunked["p99_itl_ms"] < no_mix["p99_itl_ms"] / 2
+
+
+@pytest.mark.parametrize("mix", [False, True])
+def test_mix_prefill_decode_puts_running_decodes_into_prefill_iterations(mix):
+    result = sim(
+        experiment(
+            LONG_PROMPTS_INTO_DECODES,
+            {
+                "policy": "continuous",
+                "max_num_seqs": 64,
+                "max_num_batched_tokens": 4096,
+                "mix_prefill_decode": mix,
+            },
+        )
+    )
+    it = result.iterations
+    prefill = it[it["num_prefill_seqs"] > 0]
+    mixed = prefill["num_decode_seqs"] > 0
+    if mix:
+        # Every prefill that arrives while others decode carries those decodes along.
+        assert mixed.sum() > len(prefill) / 2
+    else:
+        assert not mixed.any()
+
+
+# ----------------------------------------------------------------------------- KV cache limits
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_small_kv_cache_preempts_and_every_request_still_completes_in_full(policy):
+    data = experiment(
+        poisson(40, 50.0, uniform(32, 128), uniform(32, 200)),
+        {"policy": policy, "max_num_seqs": 32, "max_num_batched_tokens": 512},
+        {"num_gpu_blocks": 64},  # 1024 tokens for up to 32 requests of up to 328 tokens
+    )
+    result, engine = sim_with_engine(data)
+    summary, req = result.summary, result.requests
+    assert summary["num_preemptions"] > 0
+    assert summary["num_preemptions"] == req["num_preemptions"].sum()
+    assert summary["completed"] == 40
+    assert (req["status"] == "finished").all()
+    assert (req["output_tokens"] == req["max_tokens"]).all()
+    assert summary["max_kv_cache_usage"] <= 1.0
+    assert engine.scheduler.kv_cache.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_prompt_longer_than_kv_capacity_is_rejected_and_run_finishes(tmp_path, policy):
+    trace = write_trace(tmp_path / "t.csv", [(0.0, 64, 8), (0.5, 1000, 8), (1.0, 64, 8)])
+    data = experiment(
+        trace, {"policy": policy, "max_num_seqs": 4, "max_wait_ms": 10}, {"num_gpu_blocks": 16}
+    )
+    result = sim(data)  # 16 blocks x 16 = 256 tokens: request 1 can never fit
+    req = result.requests.set_index("request_id")
+    assert req.loc[1, "status"] == "rejected"
+    assert "KV" in req.loc[1, "reject_reason"]
+    assert math.isnan(req.loc[1, "ttft_ms"])
+    assert (req.loc[[0, 2], "status"] == "finished").all()
+    assert result.summary["num_rejected"] == 1
+    assert result.summary["completed"] == 2
+
+
+# ----------------------------------------------------------------------------- closed loop
+
+
+def closed_loop(concurrency: int, think_ms: float) -> dict[str, Any]:
+    return experiment(
+        {
+            "num_requests": 60,
+            "concurrency": concurrency,
+            "think_time_ms": fixed(think_ms) if think_ms else {"dist": "fixed", "value": 0},
+            "prompt_tokens": uniform(32, 128),
+            "output_tokens": uniform(8, 64),
+        },
+        {"policy": "continuous", "max_num_seqs": 32},
+    )
+
+
+def max_in_system(req) -> int:
+    events = [(t, 1) for t in req["arrival_time_s"]] + [(t, -1) for t in req["finish_time_s"]]
+    events.sort()  # at equal times a departure (-1) sorts before the arrival it triggers
+    count = peak = 0
+    for _, delta in events:
+        count += delta
+        peak = max(peak, count)
+    return peak
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_closed_loop_never_has_more_than_concurrency_requests_in_system(concurrency):
+    result = sim(closed_loop(concurrency, 500.0))
+    req = result.requests
+    assert (req["status"] == "finished").all()
+    assert max_in_system(req) == concurrency
+    assert result.iterations["num_seqs"].max() <= concurrency
+    # Each user's next request arrives exactly think time after its previous one finished.
+    gaps = np.sort(req["arrival_time_s"].to_numpy())[concurrency:]
+    finishes = np.sort(req["finish_time_s"].to_numpy())[: len(gaps)]
+    np.testing.assert_allclose(gaps, finishes + 0.5, rtol=0, atol=1e-9)
+
+
+def test_closed_loop_without_think_time_has_at_least_the_throughput_of_long_think_time():
+    busy = sim(closed_loop(4, 0.0)).summary
+    thinking = sim(closed_loop(4, 2000.0)).summary
+    assert busy["request_throughput"] >= thinking["request_throughput"]
+    assert busy["mean_batch_size"] > thinking["mean_batch_size"]
+
+
+# ----------------------------------------------------------------------------- summary contract
+
+CONTRACT_KEYS = [
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "request_goodput",
+    *(
+        f"{stat}_{metric}_ms"
+        for metric in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "std", "p90", "p99")
+    ),
+    "num_iterations",
+    "mean_batch_size",
+    "num_preemptions",
+    "num_rejected",
+    "mean_queue_delay_ms",
+    "p99_queue_delay_ms",
+    "padding_fraction",
+    "compute_bound_fraction",
+    "max_kv_cache_usage",
+    "wall_time_s",
+    "config",
+]
+
+
+@pytest.fixture(scope="module")
+def varied_run() -> Result:
+    """A busy run with varied lengths, preemptions and an SLO (no cancellations)."""
+    data = experiment(
+        poisson(80, 12.0, uniform(16, 400), uniform(1, 150)),
+        {"policy": "chunked_prefill", "max_num_seqs": 16, "max_num_batched_tokens": 256},
+        {"num_gpu_blocks": 120},
+        slo={"ttft_ms": 200, "tpot_ms": 30},
+    )
+    return batchsim.run(data)
+
+
+def test_summary_has_every_contract_key(varied_run):
+    summary = varied_run.summary
+    missing = [k for k in CONTRACT_KEYS if k not in summary]
+    assert not missing
+    assert summary["config"]["scheduler"]["policy"] == "chunked_prefill"
+    assert summary["num_iterations"] == len(varied_run.iterations)
+    assert 0 <= summary["request_goodput"] <= summary["request_throughput"]
+
+
+def test_latency_metrics_follow_their_definitions_from_the_request_table(varied_run):
+    req, summary = varied_run.requests, varied_run.summary
+    done = req[req["status"] == "finished"]
+    arrival, first = done["arrival_time_s"], done["first_token_time_s"]
+    finish, outputs = done["finish_time_s"], done["output_tokens"]
+    np.testing.assert_allclose(done["ttft_ms"], (first - arrival) * 1e3, rtol=1e-12)
+    np.testing.assert_allclose(done["e2el_ms"], (finish - arrival) * 1e3, rtol=1e-12)
+    multi = outputs > 1
+    tpot = (done["e2el_ms"] - done["ttft_ms"])[multi] / (outputs[multi] - 1)
+    np.testing.assert_allclose(done["tpot_ms"][multi], tpot, rtol=1e-9)
+    assert done["tpot_ms"][~multi].isna().all()
+    np.testing.assert_allclose(
+        done["queue_delay_ms"], (done["first_scheduled_time_s"] - arrival) * 1e3, rtol=1e-12
+    )
+    assert summary["mean_ttft_ms"] == pytest.approx(done["ttft_ms"].mean(), rel=1e-9)
+    assert summary["p99_e2el_ms"] == pytest.approx(np.percentile(done["e2el_ms"], 99), rel=1e-9)
+    assert summary["median_tpot_ms"] == pytest.approx(np.median(tpot), rel=1e-9)
+    assert summary["total_output_tokens"] == outputs.sum()
+    duration = finish.max() - req["arrival_time_s"].min()
+    assert summary["duration"] == pytest.approx(duration, rel=1e-12)
+    assert summary["output_throughput"] == pytest.approx(outputs.sum() / duration, rel=1e-12)
+
+
+def test_mean_itl_is_the_token_weighted_mean_of_request_gaps(varied_run):
+    req = varied_run.requests
+    done = req[req["status"] == "finished"]
+    # The gaps of one request telescope to finish - first token, preemptions included.
+    total_gap_ms = ((done["finish_time_s"] - done["first_token_time_s"]) * 1e3).sum()
+    num_gaps = (done["output_tokens"] - 1).sum()
+    assert varied_run.summary["num_preemptions"] > 0
+    assert varied_run.summary["mean_itl_ms"] == pytest.approx(total_gap_ms / num_gaps, rel=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False), st.integers(1, 30)
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.lists(st.floats(0, 100), min_size=1, max_size=5),
+)
+def test_weighted_percentile_equals_percentile_of_expanded_sample(pairs, percents):
+    values = np.array([v for v, _ in pairs])
+    weights = np.array([w for _, w in pairs], dtype=np.int64)
+    expanded = np.repeat(values, weights)
+    got = weighted_percentiles(values, weights, percents)
+    want = np.percentile(expanded, percents)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)

@@ -1,0 +1,221 @@
+"""Properties every run must have, over small random experiments (hypothesis).
+
+Each example is a tiny experiment (<= 30 requests) with a random policy, batch cap, token
+budget, KV cache size, lengths, arrival process, cancellations and sometimes a closed loop.
+Whatever the draw, the run ends, every request ends exactly once, timestamps are ordered, the
+limits hold and the KV cache is empty at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchsim import simulation
+from batchsim.config import validate_experiment
+from batchsim.engine import Engine
+from batchsim.request import RequestStatus
+from batchsim.simulation import Result, simulate
+from conftest import tiny_experiment
+
+POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
+FINAL = {"finished", "rejected", "cancelled"}
+TIME_TOL_S = 1e-9  # iteration ends are start + duration_ms / 1e3: equal up to rounding
+
+
+@contextlib.contextmanager
+def capture_engines() -> Iterator[list[Engine]]:
+    """Keep the :class:`Engine` that ``simulate()`` builds (its requests and KV cache)."""
+    engines: list[Engine] = []
+
+    class RecordingEngine(Engine):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    with mock.patch.object(simulation, "Engine", RecordingEngine):
+        yield engines
+
+
+def run(data: dict[str, Any]) -> tuple[Result, Engine]:
+    with capture_engines() as engines:
+        result = simulate(validate_experiment(data))
+    (engine,) = engines
+    return result, engine
+
+
+def _length(draw: st.DrawFn, largest: int) -> dict[str, Any]:
+    hi = draw(st.integers(1, largest))
+    lo = draw(st.integers(1, hi))
+    return {"dist": "uniform", "min": lo, "max": hi}
+
+
+@st.composite
+def experiments(draw: st.DrawFn) -> dict[str, Any]:
+    policy = draw(st.sampled_from(POLICIES))
+    scheduler: dict[str, Any] = {
+        "policy": policy,
+        "max_num_seqs": draw(st.integers(1, 8)),
+        "max_num_batched_tokens": draw(st.integers(8, 512)),
+        "max_wait_ms": draw(st.floats(0, 200)),
+    }
+    if policy == "continuous":
+        scheduler["mix_prefill_decode"] = draw(st.booleans())
+    if policy in ("static", "dynamic"):
+        scheduler["padding"] = draw(st.booleans())
+    engine = {
+        "num_gpu_blocks": draw(st.integers(2, 64)),
+        "block_size": draw(st.sampled_from([1, 4, 16])),
+        "async_scheduling": draw(st.booleans()),
+        "fast_forward": draw(st.booleans()),
+    }
+    workload: dict[str, Any] = {
+        "num_requests": draw(st.integers(1, 30)),
+        "prompt_tokens": _length(draw, 300),
+        "output_tokens": _length(draw, 60),
+    }
+    if draw(st.integers(0, 3)) == 0:  # closed loop, a quarter of the time
+        workload["concurrency"] = draw(st.integers(1, 6))
+        workload["think_time_ms"] = draw(
+            st.sampled_from(
+                [{"dist": "fixed", "value": 0}, {"dist": "exponential", "mean": 100.0}]
+            )
+        )
+    else:
+        workload["arrival"] = draw(
+            st.sampled_from(["poisson", "constant", "all_at_once", "gamma"]).map(
+                lambda p: {"process": p}
+            )
+        )
+        if workload["arrival"]["process"] != "all_at_once":
+            workload["arrival"]["rate"] = draw(st.floats(0.5, 500))
+        if workload["arrival"]["process"] == "gamma":
+            workload["arrival"]["cv"] = draw(st.floats(0.2, 4))
+    if draw(st.booleans()):
+        hi = draw(st.floats(1, 3000))
+        workload["cancel_after_ms"] = {"dist": "uniform", "min": draw(st.floats(0, hi)), "max": hi}
+    data = tiny_experiment(seed=draw(st.integers(0, 2**16)))
+    data.update(scheduler=scheduler, engine=engine, workload=workload)
+    return data
+
+
+def over_budget_is_a_lone_recompute(it_row: Any, budget: int) -> bool:
+    """continuous.py: a preempted request whose recompute exceeds the budget may still run as
+    the only prefill of an iteration (a new prompt longer than the budget is rejected)."""
+    return it_row.num_prefill_seqs == 1 and it_row.num_prefill_tokens > budget
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(experiments())
+def test_random_experiments_keep_every_invariant(data):
+    result, engine = run(data)
+    req, it, summary = result.requests, result.iterations, result.summary
+    scheduler_cfg = data["scheduler"]
+    num = data["workload"]["num_requests"]
+
+    # Every request ends exactly once, in a final state.
+    assert sorted(req["request_id"]) == list(range(num))
+    assert len({id(r) for r in engine.requests}) == num
+    assert set(req["status"]) <= FINAL
+    assert summary["completed"] + summary["num_rejected"] + summary["num_cancelled"] == num
+    assert not engine.scheduler.has_unfinished_requests()
+
+    arrival = req["arrival_time_s"]
+    done = req[req["status"] == "finished"]
+    assert (done["arrival_time_s"] <= done["first_scheduled_time_s"]).all()
+    assert (done["first_scheduled_time_s"] <= done["first_token_time_s"]).all()
+    assert (done["first_token_time_s"] <= done["finish_time_s"]).all()
+    assert (done["output_tokens"] == done["max_tokens"]).all()
+    cancelled = req[req["status"] == "cancelled"]
+    assert (cancelled["finish_time_s"] >= cancelled["arrival_time_s"]).all()
+    assert (cancelled["output_tokens"] < cancelled["max_tokens"]).all()
+    rejected = req[req["status"] == "rejected"]
+    assert (rejected["reject_reason"].str.len() > 0).all()
+    assert rejected["first_scheduled_time_s"].isna().all()
+    assert (req["output_tokens"] <= req["max_tokens"]).all()
+    assert (arrival >= 0).all()
+
+    # The KV cache stays within its capacity and is empty at the end.
+    usage = it["kv_cache_usage"].to_numpy()
+    assert ((usage >= 0) & (usage <= 1)).all()
+    assert 0 <= summary["max_kv_cache_usage"] <= 1
+    assert engine.scheduler.kv_cache.num_used_blocks == 0
+
+    # Batch limits.
+    assert (it["num_seqs"] >= 1).all()
+    assert (it["num_seqs"] <= scheduler_cfg["max_num_seqs"]).all()
+    assert (it["num_slots"] <= scheduler_cfg["max_num_seqs"]).all()
+    assert (it["num_prefill_seqs"] + it["num_decode_seqs"] == it["num_seqs"]).all()
+    if scheduler_cfg["policy"] in ("continuous", "chunked_prefill"):
+        budget = scheduler_cfg["max_num_batched_tokens"]
+        tokens = it["num_prefill_tokens"] + it["num_decode_tokens"]
+        for row in it[tokens > budget].itertuples():
+            assert over_budget_is_a_lone_recompute(row, budget), (
+                f"iteration {row.iteration}: {row.num_prefill_tokens} prefill + "
+                f"{row.num_decode_tokens} decode tokens > budget {budget}"
+            )
+        if scheduler_cfg["policy"] == "chunked_prefill":
+            assert (tokens <= budget).all()
+
+    # Iterations run one at a time: starts never decrease and never overlap.
+    starts = it["start_time_s"].to_numpy()
+    ends = starts + it["duration_ms"].to_numpy() / 1e3
+    assert (np.diff(starts) >= 0).all()
+    assert (starts[1:] >= ends[:-1] - TIME_TOL_S).all()
+    assert (it["duration_ms"] > 0).all()
+    if len(done):
+        assert done["finish_time_s"].max() <= ends.max() + TIME_TOL_S
+
+
+def _without_wall_time(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k != "wall_time_s"}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(experiments())
+def test_same_seed_gives_an_identical_summary(data):
+    first = simulate(validate_experiment(data))
+    second = simulate(validate_experiment(data))
+    a, b = _without_wall_time(first.summary), _without_wall_time(second.summary)
+    assert a.keys() == b.keys()
+    assert all(_same(a[k], b[k]) for k in a), [k for k in a if not _same(a[k], b[k])]
+    assert first.requests.equals(second.requests)
+    assert first.iterations.equals(second.iterations)
+
+
+def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):
+    # Ten 9-token prompts (90 tokens) fill the first iteration of a 100-token budget; a 95-token
+    # prompt arriving next fits the budget on its own, but not next to the ten running decodes
+    # (10 + 95 = 105 > 100). It is a new request, not an over-budget recompute, so it must wait.
+    rows = [f"0.0,9,50" for _ in range(10)] + ["0.001,95,5"]
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    data = tiny_experiment(
+        scheduler={
+            "policy": "continuous",
+            "max_num_seqs": 32,
+            "max_num_batched_tokens": 100,
+            "mix_prefill_decode": True,
+        }
+    )
+    data["workload"] = {"trace": {"path": str(trace), "format": "csv"}}
+    result, engine = run(data)
+    it = result.iterations
+    tokens = it["num_prefill_tokens"] + it["num_decode_tokens"]
+    assert engine.scheduler.num_preemptions == 0
+    assert tokens.max() <= 100, it.loc[tokens > 100, ["num_prefill_tokens", "num_decode_tokens"]]
+    assert (result.requests["status"] == RequestStatus.FINISHED.name.lower()).all()
