@@ -226,6 +226,22 @@ class Engine:
             for request in scheduler.update_from_output(output, ends):
                 source.on_left(request, end)
 
+    def _batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
+        """The :data:`~batchsim.metrics.BATCH_COLUMNS` of an iteration."""
+        shape = output.shape
+        return (
+            cpu * 1e3,
+            output.num_seqs,
+            output.num_slots,
+            output.num_prefill_seqs,
+            output.num_decode_seqs,
+            shape.num_prefill_tokens,
+            shape.num_decode_tokens,
+            shape.num_padding_tokens,
+            output.num_output_tokens,
+            len(output.preempted),
+        )
+
     def _price_step(self, output: SchedulerOutput, now: float) -> float:
         cost = self.cost_model.estimate(output.shape)
         cpu = self._cpu_time(output.num_seqs)
@@ -234,30 +250,19 @@ class Engine:
             duration = max(cpu, gpu)
         else:
             duration = cpu + gpu
-        shape = output.shape
-        kv = self.scheduler.kv_cache
         self.iterations.append(
-            {
-                "start_time_s": now,
-                "duration_ms": duration * 1e3,
-                "cpu_time_ms": cpu * 1e3,
-                "gpu_time_ms": gpu * 1e3,
-                "num_seqs": output.num_seqs,
-                "num_slots": output.num_slots,
-                "num_prefill_seqs": output.num_prefill_seqs,
-                "num_decode_seqs": output.num_decode_seqs,
-                "num_prefill_tokens": shape.num_prefill_tokens,
-                "num_decode_tokens": shape.num_decode_tokens,
-                "num_padding_tokens": shape.num_padding_tokens,
-                "num_output_tokens": output.num_output_tokens,
-                "flops": cost.flops,
-                "bytes": cost.bytes,
-                "weight_bytes": cost.weight_bytes,
-                "kv_bytes": cost.kv_bytes,
-                "compute_bound": bool(cost.compute_bound),
-                "kv_cache_usage": kv.usage,
-                "num_preempted": len(output.preempted),
-            }
+            (
+                now,
+                duration * 1e3,
+                gpu * 1e3,
+                cost.flops,
+                cost.bytes,
+                cost.weight_bytes,
+                cost.kv_bytes,
+                bool(cost.compute_bound),
+                self.scheduler.kv_cache.usage,
+            ),
+            self._batch_row(output, cpu),
         )
         return now + duration
 
@@ -267,11 +272,22 @@ class Engine:
 
         Step k (0-based) differs from step 0 only in context: every request has k more cached
         tokens, so attention reads ``k x num_seqs`` more KV tokens (fewer once a sliding
-        window caps a context).
+        window caps a context). Iteration time never decreases along a stretch, so the first
+        step's duration bounds how many steps fit before the next event.
         """
         shape = output.shape
         requests = output.requests
         n = len(requests)
+        cpu = self._cpu_time(n)
+        event = self._next_event_time(now)
+        if event != math.inf:
+            first = self.cost_model.estimate(shape).time
+            first = max(cpu, first) if self.options.async_scheduling else cpu + first
+            fit = int((event - now) / first) + 1
+            if fit < num_steps:
+                num_steps = max(fit, 1)
+        if num_steps == 1:
+            return [self._price_step(output, now)]
         window = self.scheduler.window
         steps = np.arange(num_steps)
         if window is not None and max(r.num_computed_tokens for r in requests) + num_steps > window:
@@ -292,7 +308,6 @@ class Engine:
         gpu = cost.time
         if not isinstance(gpu, np.ndarray) or gpu.shape != (num_steps,):
             gpu = np.broadcast_to(np.asarray(gpu, dtype=float), (num_steps,))
-        cpu = self._cpu_time(n)
         if self.options.async_scheduling:
             durations = np.maximum(cpu, gpu)
             if now != self._last_end:
@@ -302,7 +317,6 @@ class Engine:
         ends = np.cumsum(durations)
         ends += now
         keep = num_steps
-        event = self._next_event_time(now)
         if event < ends[-1]:
             keep = int(np.searchsorted(ends, event, side="left")) + 1
             ends = ends[:keep]
@@ -326,27 +340,18 @@ class Engine:
             return x[:keep] if isinstance(x, np.ndarray) and x.ndim else x
 
         self.iterations.extend(
-            {
-                "start_time_s": starts,
-                "duration_ms": durations * 1e3,
-                "cpu_time_ms": cpu * 1e3,
-                "gpu_time_ms": gpu * 1e3,
-                "num_seqs": n,
-                "num_slots": output.num_slots,
-                "num_prefill_seqs": 0,
-                "num_decode_seqs": output.num_decode_seqs,
-                "num_prefill_tokens": 0,
-                "num_decode_tokens": shape.num_decode_tokens,
-                "num_padding_tokens": shape.num_padding_tokens,
-                "num_output_tokens": output.num_output_tokens,
-                "flops": cut(cost.flops),
-                "bytes": cut(cost.bytes),
-                "weight_bytes": cut(cost.weight_bytes),
-                "kv_bytes": cut(cost.kv_bytes),
-                "compute_bound": cut(cost.compute_bound),
-                "kv_cache_usage": usage,
-                "num_preempted": 0,
-            },
+            (
+                starts,
+                durations * 1e3,
+                gpu * 1e3,
+                cut(cost.flops),
+                cut(cost.bytes),
+                cut(cost.weight_bytes),
+                cut(cost.kv_bytes),
+                cut(cost.compute_bound),
+                usage,
+            ),
+            self._batch_row(output, cpu),
             keep,
         )
         return ends.tolist()

@@ -21,11 +21,21 @@ import pandas as pd
 
 from batchsim.request import Request, RequestStatus
 
-ITERATION_COLUMNS: dict[str, str] = {
+STEP_COLUMNS: dict[str, str] = {
     "start_time_s": "f8",
     "duration_ms": "f8",
-    "cpu_time_ms": "f8",
     "gpu_time_ms": "f8",
+    "flops": "f8",
+    "bytes": "f8",
+    "weight_bytes": "f8",
+    "kv_bytes": "f8",
+    "compute_bound": "?",
+    "kv_cache_usage": "f4",
+}
+"""Columns that change from one iteration to the next inside a decode stretch."""
+
+BATCH_COLUMNS: dict[str, str] = {
+    "cpu_time_ms": "f8",
     "num_seqs": "i4",
     "num_slots": "i4",
     "num_prefill_seqs": "i4",
@@ -34,15 +44,34 @@ ITERATION_COLUMNS: dict[str, str] = {
     "num_decode_tokens": "i4",
     "num_padding_tokens": "i4",
     "num_output_tokens": "i4",
-    "flops": "f8",
-    "bytes": "f8",
-    "weight_bytes": "f8",
-    "kv_bytes": "f8",
-    "compute_bound": "?",
-    "kv_cache_usage": "f4",
     "num_preempted": "i4",
 }
-"""Columns of ``iterations.csv`` (``compute_bound`` is written as ``bound``: compute|memory)."""
+"""Columns that describe the batch, constant across a decode stretch."""
+
+ITERATION_COLUMNS = [
+    "iteration",
+    "start_time_s",
+    "duration_ms",
+    "cpu_time_ms",
+    "gpu_time_ms",
+    "num_seqs",
+    "num_slots",
+    "num_prefill_seqs",
+    "num_decode_seqs",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_padding_tokens",
+    "num_output_tokens",
+    "flops",
+    "bytes",
+    "arithmetic_intensity",
+    "weight_bytes",
+    "kv_bytes",
+    "bound",
+    "kv_cache_usage",
+    "num_preempted",
+]
+"""Columns of ``iterations.csv``, in order (``bound`` is compute|memory)."""
 
 _CHUNK = 1 << 14
 
@@ -50,65 +79,74 @@ _CHUNK = 1 << 14
 class IterationLog:
     """Append-only columnar log of iterations.
 
-    Rows go into preallocated numpy chunks; :meth:`extend` appends a whole decode stretch.
+    Per-iteration values go into preallocated numpy chunks; the batch description is stored
+    once per run of identical iterations (a decode stretch) and expanded when read.
     """
 
     def __init__(self) -> None:
-        self._chunks: list[dict[str, np.ndarray]] = []
+        self._chunks: list[list[np.ndarray]] = []
         self._fill = _CHUNK
+        self._batches: list[tuple] = []
+        self._lengths: list[int] = []
         self.num_rows = 0
 
-    def _room(self) -> dict[str, np.ndarray]:
+    def _room(self) -> list[np.ndarray]:
         if self._fill == _CHUNK:
-            self._chunks.append(
-                {k: np.empty(_CHUNK, dtype=t) for k, t in ITERATION_COLUMNS.items()}
-            )
+            self._chunks.append([np.empty(_CHUNK, dtype=t) for t in STEP_COLUMNS.values()])
             self._fill = 0
         return self._chunks[-1]
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, step: tuple, batch: tuple) -> None:
+        """One iteration: ``step`` in :data:`STEP_COLUMNS` order, ``batch`` in
+        :data:`BATCH_COLUMNS` order."""
         chunk = self._room()
         i = self._fill
-        for key, value in row.items():
-            chunk[key][i] = value
+        for column, value in zip(chunk, step):
+            column[i] = value
         self._fill += 1
         self.num_rows += 1
+        self._batches.append(batch)
+        self._lengths.append(1)
 
-    def extend(self, columns: dict[str, Any], n: int) -> None:
-        """Append ``n`` rows; each value is a scalar (repeated) or an array of length n."""
+    def extend(self, step: tuple, batch: tuple, n: int) -> None:
+        """``n`` iterations of one batch; each ``step`` value is an array of length n or a
+        scalar shared by all of them."""
         done = 0
         while done < n:
             chunk = self._room()
             take = min(n - done, _CHUNK - self._fill)
             lo, hi = self._fill, self._fill + take
-            for key, value in columns.items():
+            for column, value in zip(chunk, step):
                 if isinstance(value, np.ndarray):
-                    chunk[key][lo:hi] = value[done : done + take]
+                    column[lo:hi] = value[done : done + take]
                 else:
-                    chunk[key][lo:hi] = value
+                    column[lo:hi] = value
             self._fill += take
-            self.num_rows += take
             done += take
+        self.num_rows += n
+        self._batches.append(batch)
+        self._lengths.append(n)
 
     def column(self, key: str) -> np.ndarray:
+        if key in BATCH_COLUMNS:
+            index = list(BATCH_COLUMNS).index(key)
+            values = np.array([b[index] for b in self._batches], dtype=BATCH_COLUMNS[key])
+            return np.repeat(values, np.asarray(self._lengths, dtype=np.int64))
+        index = list(STEP_COLUMNS).index(key)
         if not self._chunks:
-            return np.empty(0, dtype=ITERATION_COLUMNS[key])
-        parts = [c[key] for c in self._chunks[:-1]]
-        parts.append(self._chunks[-1][key][: self._fill])
+            return np.empty(0, dtype=STEP_COLUMNS[key])
+        parts = [c[index] for c in self._chunks[:-1]]
+        parts.append(self._chunks[-1][index][: self._fill])
         return np.concatenate(parts)
 
     def to_frame(self) -> pd.DataFrame:
         data: dict[str, Any] = {"iteration": np.arange(self.num_rows)}
-        for key in ITERATION_COLUMNS:
-            if key == "compute_bound":
-                data["bound"] = np.where(self.column(key), "compute", "memory")
-            elif key == "bytes":
-                data[key] = self.column(key)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    data["arithmetic_intensity"] = data["flops"] / data[key]
-            else:
-                data[key] = self.column(key)
-        return pd.DataFrame(data)
+        for key in (*STEP_COLUMNS, *BATCH_COLUMNS):
+            data[key] = self.column(key)
+        data["bound"] = np.where(data.pop("compute_bound"), "compute", "memory")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            data["arithmetic_intensity"] = data["flops"] / data["bytes"]
+        return pd.DataFrame(data, columns=ITERATION_COLUMNS)
 
 
 REQUEST_COLUMNS = [

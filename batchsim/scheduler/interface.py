@@ -295,10 +295,11 @@ class Scheduler(abc.ABC):
         for request, q in zip(requests, num_tokens):
             if request.first_scheduled_time != request.first_scheduled_time:  # NaN: first time
                 request.first_scheduled_time = now
-            c = request.num_computed_tokens
+            computed = c = request.num_computed_tokens
+            known = request.num_prompt_tokens + request.num_output_tokens
             if window is not None and c > window:
                 c = window
-            if request.num_output_tokens and request.num_computed_tokens + 1 == request.num_tokens:
+            if request.num_output_tokens and computed + 1 == known:
                 num_decode += 1
                 decode_tokens += q
                 rows = q
@@ -309,7 +310,7 @@ class Scheduler(abc.ABC):
                 padding += rows - q
             kv_read += c
             pairs += rows * c + rows * (rows + 1) // 2
-            if request.num_computed_tokens + q == request.num_tokens:
+            if computed + q == known:
                 sampled += 1
         num_outputs = sampled
         slots = len(requests) if num_slots is None else num_slots
@@ -381,10 +382,17 @@ class Scheduler(abc.ABC):
         tokens: list[int] = []
         i = 0
         running = self.running
+        block = self.kv_cache.block_size
         while i < len(running) and token_budget > 0:
             request = running[i]
-            q = min(request.num_remaining_tokens, token_budget)
-            if not self.allocate_or_preempt(request, request.num_computed_tokens + q, preempted):
+            computed = request.num_computed_tokens
+            q = request.num_prompt_tokens + request.num_output_tokens - computed
+            if q > token_budget:
+                q = token_budget
+            # Most decode steps need no new block: check inline before the general path.
+            if -(-(computed + q) // block) > request.num_blocks and not self.allocate_or_preempt(
+                request, computed + q, preempted
+            ):
                 break
             requests.append(request)
             tokens.append(q)
