@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from batchsim.catalog import catalog_names, resolve
 from batchsim.errors import ConfigError
+from batchsim.yamlio import line_of, read_mapping
 
 __all__ = [
     "DTYPE_BYTES",
@@ -490,49 +488,6 @@ class ModelSpec:
 # --------------------------------------------------------------------------- reading files
 
 
-def _line_of(text: str, path: tuple[str, ...]) -> int | None:
-    """1-based line of the key at ``path`` in a YAML/JSON document, if it can be found."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line = None
-    for part in path:
-        if not isinstance(node, yaml.MappingNode):
-            break
-        for key_node, value_node in node.value:
-            if key_node.value == part:
-                line = key_node.start_mark.line + 1
-                node = value_node
-                break
-        else:
-            break
-    return line
-
-
-def _read_mapping(path: Path) -> tuple[dict[str, Any], str]:
-    """Parse a YAML or JSON file into a mapping; ConfigError (with line) when malformed."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read file: {exc.strerror}", str(path)) from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"malformed JSON: {exc.msg}", str(path), exc.lineno) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        line = mark.line + 1 if mark is not None else None
-        raise ConfigError(f"malformed YAML: {problem}", str(path), line) from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"expected a mapping of keys to values at the top level, got {type(data).__name__}",
-            str(path),
-        )
-    return data, text
-
-
 class _Reader:
     """Typed access to a config mapping that remembers which keys were read."""
 
@@ -543,7 +498,7 @@ class _Reader:
         self.used: set[str] = set()
 
     def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{key} {message}", self.source, _line_of(self.text, (key,)))
+        return ConfigError(f"{key} {message}", self.source, line_of(self.text, (key,)))
 
     def int_(self, key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
         """An integer >= ``minimum``; ``default`` when missing or null (required if not given)."""
@@ -553,7 +508,7 @@ class _Reader:
             if default is _REQUIRED:
                 present = "is null" if key in self.data else "is missing"
                 raise ConfigError(
-                    f"{key}: required key {present}", self.source, _line_of(self.text, (key,))
+                    f"{key}: required key {present}", self.source, line_of(self.text, (key,))
                 )
             return default
         if isinstance(value, float) and value.is_integer():
@@ -579,7 +534,7 @@ class _Reader:
         if value is None:
             if default is _REQUIRED:
                 raise ConfigError(
-                    f"{key}: required key is missing", self.source, _line_of(self.text, (key,))
+                    f"{key}: required key is missing", self.source, line_of(self.text, (key,))
                 )
             return default
         if not isinstance(value, str):
@@ -597,7 +552,7 @@ def _spec_from_mapping(
         allowed = ", ".join(SUPPORTED_MODEL_TYPES)
         what = "is missing" if model_type is None else f"{model_type!r} is not supported"
         raise ConfigError(
-            f"model_type {what}; supported: {allowed}", source, _line_of(text, ("model_type",))
+            f"model_type {what}; supported: {allowed}", source, line_of(text, ("model_type",))
         )
 
     if model_type in _LLAMA_FAMILY:
@@ -633,7 +588,7 @@ def _spec_from_mapping(
             raise ConfigError(
                 f"{unknown[0]}: unknown key for model_type {model_type}; known keys: {known}",
                 source,
-                _line_of(text, (unknown[0],)),
+                line_of(text, (unknown[0],)),
             )
 
     spec = ModelSpec(
@@ -822,7 +777,7 @@ def _check_consistency(spec: ModelSpec, r: _Reader) -> None:
 @functools.lru_cache(maxsize=64)
 def _load_path(path: str, mtime_ns: int) -> ModelSpec:
     file = Path(path)
-    data, text = _read_mapping(file)
+    data, text = read_mapping(file)
     is_hf_json = file.suffix == ".json"
     if "name" in data:
         default_name = str(data["name"])
