@@ -295,7 +295,10 @@ def summarize(
     tpot = done["tpot_ms"].to_numpy()
     out.update(_stats("tpot", tpot[~np.isnan(tpot)]))
     if trimmed:
-        keep = (itl_time >= lo) & (itl_time <= done["finish_time_s"].max() if completed else hi)
+        # Gaps are not attributed to requests: keep those that ended inside the window
+        # spanned by the counted requests (first counted arrival .. last counted finish).
+        end = float(done["finish_time_s"].max()) if completed else hi
+        keep = (itl_time >= lo) & (itl_time <= end)
         itl_value, itl_count = itl_value[keep], itl_count[keep]
     out.update(_stats("itl", itl_value * 1e3, itl_count))
     out.update(_stats("e2el", done["e2el_ms"].to_numpy()))
