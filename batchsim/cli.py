@@ -35,8 +35,9 @@ def _fmt(value: Any, unit: str = "") -> str:
     return f"{value}{unit}"
 
 
-def print_summary(summary: dict[str, Any], out=sys.stdout) -> None:
-    """A compact, human-readable summary table."""
+def print_summary(summary: dict[str, Any], out: Any = None) -> None:
+    """A compact, human-readable summary table (on stdout by default)."""
+    out = sys.stdout if out is None else out
     rows = [
         (
             "requests",

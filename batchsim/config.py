@@ -9,7 +9,7 @@ or hardware and does not import simpy.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
 from batchsim.scheduler.interface import SchedulerConfig
+from batchsim.scheduler.registry import load_policy
 from batchsim.validation import ConfigModel, config_error_from_pydantic
 from batchsim.workload import WorkloadConfig
 from batchsim.yamlio import line_of, read_mapping
@@ -190,6 +191,7 @@ def validate_experiment(
     source: str | None = None,
     text: str | None = None,
     base_dir: Path | None = None,
+    overridden: Iterable[str] = (),
 ) -> ExperimentConfig:
     """Validate a raw experiment mapping.
 
@@ -198,18 +200,35 @@ def validate_experiment(
         source: File name for error messages.
         text: The file's text, to point errors at a line.
         base_dir: Directory that relative paths are relative to (default: current directory).
+        overridden: Dotted keys set by overrides (errors about them name ``--set``, not a line).
     """
     base = base_dir if base_dir is not None else Path.cwd()
     raw = copy.deepcopy(dict(data))
     _expand_workload(raw, base, source)
     _absolutize(raw, base)
     try:
-        return ExperimentConfig.model_validate(raw)
+        config = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
         err = config_error_from_pydantic(exc, "", None, model=ExperimentConfig)
-        key_path = err.message.split(" ", 1)[0].rstrip(":").split(".")
-        line = line_of(text, key_path) if text else None
-        raise ConfigError(err.message, source, line) from None
+        raise _located(err.message, source, text, overridden) from None
+    try:
+        load_policy(config.scheduler.policy)
+    except ConfigError as exc:
+        raise _located(exc.message, source, text, overridden) from None
+    return config
+
+
+def _located(
+    message: str, source: str | None, text: str | None, overridden: Iterable[str]
+) -> ConfigError:
+    """A ConfigError pointing at the line of the offending key, or at ``--set`` if the value
+    came from the command line."""
+    key = message.split(" ", 1)[0].rstrip(":")
+    for item in overridden:
+        if key == item or key.startswith(item + ".") or item.startswith(key + "."):
+            return ConfigError(f"{message} (from --set {item})", source)
+    line = line_of(text, key.split(".")) if text else None
+    return ConfigError(message, source, line)
 
 
 def load_experiment(
@@ -237,7 +256,9 @@ def load_experiment(
         # A named workload becomes a mapping first, so --set workload.x=... can reach into it.
         _expand_workload(data, base, source)
         data = apply_overrides(data, overrides)
-    return validate_experiment(data, source=source, text=text, base_dir=base)
+    return validate_experiment(
+        data, source=source, text=text, base_dir=base, overridden=list(overrides or ())
+    )
 
 
 def unused_scheduler_keys(config: ExperimentConfig, used: frozenset[str]) -> list[str]:

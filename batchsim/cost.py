@@ -22,8 +22,10 @@ Each GEMM-like kernel costs ``min_kernel_time + smoothmax_p(t_compute, t_memory)
 assumed to pick the fastest of a few tile shapes and split-K factors) and ``smoothmax_p`` is
 the p-norm ``(t_c^p + t_m^p)^(1/p)``, a gradual compute/memory transition instead of the
 roofline's corner. ``ideal=True`` is the pure datasheet roofline ``max(FLOPs / peak, bytes /
-bandwidth)`` with no quantization, floors or overheads. Every parameter and its derivation is
-in ``docs/calibration.md``.
+bandwidth)`` with no quantization, floors or overheads. Attention decode rows are priced by
+FlashAttention-2's split-KV kernel streaming the cache in rounds of CTAs over the SMs
+(per-SM bandwidth, split heuristic, combine kernel); prefill rows on 64-row blocks. Every
+parameter and its derivation is in ``docs/calibration.md``.
 
 Modelling choices (documented in docs/calibration.md):
 
@@ -87,6 +89,13 @@ _ACT_BYTES = 2.0  # activations, logits inputs and all-reduce messages stay 16-b
 _SPLIT_K = (1, 2, 3, 4)  # split-K factors a GEMM library tries on skinny problems
 _MIN_K_SLICE = 128  # a split-K slice is at least this deep
 _MIN_TILE_M = 16  # smallest tensor-core tile height (mma m16)
+# FlashAttention-2 split-KV kernel (the decode and chunked-prefill path of the profiled engine):
+_ATTN_BLOCK_M = 64  # query rows per CTA
+_ATTN_BLOCK_N = 128  # keys per KV block (head_dim <= 128)
+_ATTN_CTAS_PER_SM = 2  # resident CTAs per SM (4 warps, ~80 KB shared memory each)
+_SPLIT_FILL = 0.8  # no split-KV once the CTAs fill 80 % of the SMs
+_SPLIT_TOL = 0.85  # smallest split count whose wave efficiency is >= 85 % of the best
+_MAX_SPLITS = 128
 
 
 # --------------------------------------------------------------------------- scalar/array helpers
@@ -422,6 +431,14 @@ class RooflineCostModel:
         self._attn_peak = hardware.peak_flops_for(self.compute_dtype) * _eff(hw, "attention")
         self._attn_lat = _eff(hw, "attention_kernel_time_us")
         self._masked = _eff(hw, "attention_masked_fraction")
+        fair = hardware.memory_bandwidth / self._sms  # one SM's share of the memory bandwidth
+        self._sm_bw = fair * _eff(hw, "attention_sm_bandwidth")
+        self._cta_lat = _eff(hw, "attention_cta_time_us")
+        self._combine_lat = _eff(hw, "attention_combine_time_us")
+        self._prefill_lat = _eff(hw, "attention_prefill_time_us")
+        self._attn_peak_sm = self._attn_peak / self._sms
+        self._split_cache: dict[tuple[int, int], int] = {}
+        self._decode_cache: dict[tuple, float] = {}
         self._ew_bw = hardware.memory_bandwidth * _eff(hw, "elementwise")
         self._ew_lat = _eff(hw, "elementwise_kernel_time_us")
         self._link_bw = hardware.interconnect_bandwidth * _eff(hw, "interconnect")
@@ -491,6 +508,10 @@ class RooflineCostModel:
             self._kv_elems_layer = float(lora + rope)  # latent, replicated on every rank
             self._attn_flops_pair = heads * (2.0 * (lora + rope) + 2.0 * lora)
             self._qo_elems = heads * ((lora + rope) + lora)
+            # decode: one latent "KV head" shared by all query heads, 64 heads per CTA
+            self._dec_ctas_seq = math.ceil(heads / _ATTN_BLOCK_M)
+            self._dec_tok_bytes = (lora + rope) * DTYPE_BYTES[self.kv_dtype]
+            self._dec_pair_flops = min(heads, _ATTN_BLOCK_M) * (2.0 * (lora + rope) + 2.0 * lora)
             rope_elems = (heads + 1) * rope
             self._extra_ew_kernels = 2 if m.q_lora_rank else 1  # q_a / kv_a layernorms
             self._extra_ew_elems = 2.0 * ((m.q_lora_rank or 0) + lora)
@@ -504,6 +525,11 @@ class RooflineCostModel:
             self._kv_elems_layer = 2.0 * kv_heads * hd
             self._attn_flops_pair = heads * 4.0 * hd
             self._qo_elems = 2.0 * heads * hd
+            # decode: the query heads of one KV head are packed into the rows of one CTA
+            group = max(1.0, heads / kv_heads)
+            self._dec_ctas_seq = kv_heads * math.ceil(group / _ATTN_BLOCK_M)
+            self._dec_tok_bytes = 2.0 * hd * DTYPE_BYTES[self.kv_dtype]
+            self._dec_pair_flops = min(group, _ATTN_BLOCK_M) * 4.0 * hd
             rope_elems = 0.0 if m.num_learned_positions else (heads + kv_heads) * hd
             self._extra_ew_kernels = 0
             self._extra_ew_elems = 0.0
@@ -692,18 +718,15 @@ class RooflineCostModel:
         a_flops = L * self._attn_flops_pair * shape.attn_pairs
         kv_read = L * self._kv_elems_layer * self._kvb * keys
         a_bytes = kv_read + L * tokens * self._qo_elems * _ACT_BYTES
-        a_tc = a_flops / self._attn_peak
-        if self._masked:
-            prefill_seqs = shape.num_seqs - shape.num_decode_tokens
-            rows = shape.num_prefill_tokens + shape.num_padding_tokens
-            if prefill_seqs > 0 and rows > 0:
-                masked = self._masked_pairs(rows, prefill_seqs)
-                a_tc = a_tc + L * self._attn_flops_pair * masked / self._attn_peak
-        a_tm = a_bytes / self._bw
-        if self.ideal:
-            a_time = vmax(a_tc, a_tm)
-        else:
-            a_time = L * self._attn_lat + _smoothmax(a_tc, a_tm, self._p)
+        a_time, a_tc, a_tm = self._attention(
+            shape.num_seqs,
+            shape.num_decode_tokens,
+            shape.num_prefill_tokens + shape.num_padding_tokens,
+            shape.kv_read_tokens,
+            shape.attn_pairs,
+            a_bytes / L,
+        )
+        a_time, a_tc, a_tm = L * a_time, L * a_tc, L * a_tm
         attn = OpCost(a_flops, a_bytes + kvw_bytes, a_time + kvw_time, a_tc, a_tm + kvw_tm)
         overhead = self._overhead
 
@@ -739,6 +762,148 @@ class RooflineCostModel:
             nbytes - weight_bytes - kv_bytes,
             compute_bound,
         )
+
+    def _attention(
+        self,
+        seqs: Any,
+        decodes: Any,
+        rows: Any,
+        kv_read: Any,
+        pairs: Any,
+        nbytes: Any,
+        split_tokens: float | None = None,
+    ) -> tuple[Any, Any, Any]:
+        """One layer's attention kernel: (time, compute time, memory time), s.
+
+        ``decodes`` single-row requests and ``rows`` prefill rows of ``seqs - decodes``
+        chunks read ``kv_read`` cached tokens in all and compute ``pairs`` causal pairs.
+        Decode rows are priced by how the split-KV kernel streams the cache (CTAs over SMs),
+        prefill rows by their 64-row-block compute against the memory traffic; one fixed time
+        per call. ``split_tokens`` is the key length the split heuristic sees (default: the
+        mean decode context; the profiled engine used its padded block table).
+        """
+        tc = self._attn_flops_pair * pairs / self._attn_peak
+        tm = nbytes / self._bw
+        prefill_seqs = seqs - decodes
+        if self._masked and prefill_seqs > 0 and rows > 0:
+            tc = tc + self._attn_flops_pair * self._masked_pairs(rows, prefill_seqs) / (
+                self._attn_peak
+            )
+        if self.ideal:
+            return vmax(tc, tm), tc, tm
+        time: Any = self._attn_lat
+        # split the cached tokens (and pairs) between the decodes and the prefill chunks
+        ctx_d, ctx_p, pairs_p = self._split_context(seqs, decodes, rows, kv_read, pairs)
+        if decodes > 0:
+            time = time + self._decode_stream(decodes, ctx_d / decodes + 1.0, split_tokens)
+        if prefill_seqs > 0 and rows > 0:
+            q = rows / prefill_seqs
+            q_pad = math.ceil(q / _ATTN_BLOCK_M) * _ATTN_BLOCK_M
+            scale = q_pad / q
+            work = pairs_p * scale + self._masked * prefill_seqs * q_pad * (q_pad - 1) / 2.0
+            p_tc = self._attn_flops_pair * work / self._attn_peak
+            p_tm = (
+                self._kv_elems_layer * self._kvb * (ctx_p + rows)
+                + rows * self._qo_elems * _ACT_BYTES
+            ) / self._bw
+            time = time + self._prefill_lat + _smoothmax(p_tc, p_tm, self._p)
+        return time, tc, tm
+
+    @staticmethod
+    def _split_context(seqs: Any, decodes: Any, rows: Any, kv_read: Any, pairs: Any) -> tuple:
+        """(decode context, prefill context, prefill pairs) from the shape's aggregates.
+
+        Decodes compute c + 1 pairs each; n prefill chunks of q = rows / n rows each compute
+        q c + q (q + 1) / 2, so the pair count fixes how the cached tokens are shared (exact
+        for equal chunks).
+        """
+        n = seqs - decodes
+        if n <= 0 or rows <= 0:
+            return kv_read, 0.0 * kv_read, 0.0 * kv_read
+        if decodes <= 0:
+            return 0.0 * kv_read, kv_read, pairs
+        q = rows / n
+        own = n * q * (q + 1.0) / 2.0
+        # q > 1: solve the pair count for the prefill context; else share it per request
+        ctx_p = (pairs - decodes - own - kv_read) / (q - 1.0) if q > 1.0 else kv_read * n / seqs
+        if isinstance(ctx_p, np.ndarray):
+            ctx_p = np.clip(ctx_p, 0.0, kv_read)
+        else:
+            ctx_p = min(max(ctx_p, 0.0), kv_read)
+        ctx_d = kv_read - ctx_p
+        return ctx_d, ctx_p, pairs - ctx_d - decodes
+
+    def _num_splits(self, ctas: int, blocks: int) -> int:
+        """Split-KV factor of FlashAttention's heuristic (cached per (ctas, blocks)).
+
+        No split once ``ctas`` fill 80 % of the SMs; else the smallest split count whose wave
+        efficiency (CTAs / SMs over its ceiling) is within 85 % of the best, counting only
+        split counts that change the KV blocks per split.
+        """
+        key = (ctas, blocks)
+        cached = self._split_cache.get(key)
+        if cached is not None:
+            return cached
+        sms = self._sms
+        best = 1
+        if ctas < _SPLIT_FILL * sms:
+            top = min(_MAX_SPLITS, sms, blocks)
+            effs = []
+            for s in range(1, top + 1):
+                if s > 1 and -(-blocks // s) == -(-blocks // (s - 1)):
+                    effs.append(0.0)
+                    continue
+                waves = ctas * s / sms
+                effs.append(waves / math.ceil(waves))
+            target = _SPLIT_TOL * max(effs)
+            best = next(s for s, e in enumerate(effs, 1) if e > 0 and e >= target)
+        if len(self._split_cache) < 65536:
+            self._split_cache[key] = best
+        return best
+
+    def _decode_stream(self, seqs: Any, ctx: Any, split_tokens: float | None) -> Any:
+        """Time of the decode rows of one attention call: split-KV CTAs streaming the cache.
+
+        Each request's KV heads (MLA: 64-head row blocks) are one CTA each, or ``s`` CTAs
+        when split-KV is on (then a combine kernel follows). CTAs run in rounds of
+        ``_ATTN_CTAS_PER_SM`` per SM; within a round the busiest SM's k CTAs stream at
+        min(per-SM rate, their share of the memory bandwidth); each round pays
+        ``attention_cta_time``. KV is read in whole 128-token blocks.
+        """
+        if isinstance(ctx, np.ndarray):  # decode stretch: the time depends on whole blocks
+            blocks = np.maximum(1, np.ceil(ctx / _ATTN_BLOCK_N - 1e-9)).astype(np.int64)
+            uniq, inverse = np.unique(blocks, return_inverse=True)
+            times = [self._decode_stream(seqs, b * _ATTN_BLOCK_N, split_tokens) for b in uniq]
+            return np.asarray(times, dtype=float)[inverse].reshape(ctx.shape)
+        blocks = max(1, math.ceil(ctx / _ATTN_BLOCK_N - 1e-9))
+        key = (seqs, blocks, split_tokens)
+        cached = self._decode_cache.get(key)
+        if cached is not None:
+            return cached
+        base = int(seqs) * self._dec_ctas_seq
+        split_blocks = blocks
+        if split_tokens is not None:
+            split_blocks = max(blocks, math.ceil(split_tokens / _ATTN_BLOCK_N - 1e-9))
+        s = self._num_splits(base, split_blocks)
+        per_split = -(-split_blocks // s)
+        n = base * -(-blocks // per_split)  # CTAs that have KV blocks to read
+        tok = min(blocks, per_split) * _ATTN_BLOCK_N
+        cta_bytes = tok * self._dec_tok_bytes
+        cta_flops = tok * self._dec_pair_flops
+        sms, occ = self._sms, _ATTN_CTAS_PER_SM
+        full, last = divmod(n, sms * occ)
+        time = self._combine_lat if s > 1 else 0.0
+        if full:
+            rate = min(self._sm_bw, self._bw / sms)
+            work = max(occ * cta_bytes / rate, occ * cta_flops / self._attn_peak_sm)
+            time += full * (self._cta_lat + work)
+        if last:
+            k = -(-last // sms)
+            rate = min(self._sm_bw, self._bw * k / last)
+            time += self._cta_lat + max(k * cta_bytes / rate, k * cta_flops / self._attn_peak_sm)
+        if len(self._decode_cache) < 65536:
+            self._decode_cache[key] = time
+        return time
 
     def _masked_pairs(self, rows: float, prefill_seqs: float) -> float:
         """Causally masked pairs the kernel still computes, times ``attention_masked_fraction``.
@@ -875,24 +1040,22 @@ class RooflineCostModel:
         kv_read_tokens: int,
         attn_pairs: int,
         prefill_tokens: int = 0,
+        split_tokens: float | None = None,
     ) -> OpCost:
         """One layer's attention kernel alone (no KV-cache write), for calibration.
 
-        ``prefill_tokens`` rows belong to ``num_seqs`` prefill chunks (0: all decodes).
+        ``prefill_tokens`` rows belong to the ``num_seqs - (num_tokens - prefill_tokens)``
+        prefill chunks, the other rows are decodes. ``split_tokens``: key length the split-KV
+        heuristic sees (the profiled engine padded its block table to ``max_model_len``).
         """
         keys = kv_read_tokens + num_tokens
         flops = self._attn_flops_pair * attn_pairs
         nbytes = self._kv_elems_layer * self._kvb * keys + num_tokens * self._qo_elems * _ACT_BYTES
-        tc, tm = flops / self._attn_peak, nbytes / self._bw
-        if prefill_tokens and self._masked:
-            tc += (
-                self._attn_flops_pair
-                * self._masked_pairs(prefill_tokens, num_seqs)
-                / (self._attn_peak)
-            )
-        if self.ideal:
-            return OpCost(flops, nbytes, max(tc, tm), tc, tm)
-        return OpCost(flops, nbytes, self._attn_lat + _smoothmax(tc, tm, self._p), tc, tm)
+        decodes = num_tokens - prefill_tokens
+        time, tc, tm = self._attention(
+            num_seqs, decodes, prefill_tokens, kv_read_tokens, attn_pairs, nbytes, split_tokens
+        )
+        return OpCost(flops, nbytes, time, tc, tm)
 
     def all_reduce_time(self, num_bytes: float) -> float:
         """One ring all-reduce of ``num_bytes`` across the ``tp`` GPUs, s (0 at tp=1)."""

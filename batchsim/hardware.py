@@ -119,7 +119,7 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         doc="latency term per all-reduce",
     ),
     "attention": EfficiencyKey(
-        default=0.36,
+        default=0.44,
         per_si=1.0,
         ideal=1.0,
         fraction=True,
@@ -127,7 +127,7 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         doc="achievable fraction of dense peak FLOP/s in the attention kernel (causal FLOPs)",
     ),
     "attention_masked_fraction": EfficiencyKey(
-        default=1.0,
+        default=1.45,
         per_si=1.0,
         ideal=0.0,
         fraction=False,
@@ -136,12 +136,47 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         "still computes (1: whole tiles, no causal skipping; 0: perfect skipping)",
     ),
     "attention_kernel_time_us": EfficiencyKey(
-        default=18.0,
+        default=6.3,
         per_si=1e6,
         ideal=0.0,
         fraction=False,
         si_name="attention_kernel_time",
         doc="fixed time of one attention kernel call (launch, split-KV combine), per layer",
+    ),
+    "attention_sm_bandwidth": EfficiencyKey(
+        default=1.19,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=False,
+        si_name="attention_sm_bandwidth",
+        doc="memory bandwidth one SM streams in decode attention, as a multiple of its share "
+        "(memory bandwidth / num_compute_units): bytes in flight / memory latency",
+    ),
+    "attention_cta_time_us": EfficiencyKey(
+        default=1.0,
+        per_si=1e6,
+        ideal=0.0,
+        fraction=False,
+        si_name="attention_cta_time",
+        doc="fixed time of each round of decode-attention CTAs on an SM (query load, page-table "
+        "lookups, output write)",
+    ),
+    "attention_combine_time_us": EfficiencyKey(
+        default=4.0,
+        per_si=1e6,
+        ideal=0.0,
+        fraction=False,
+        si_name="attention_combine_time",
+        doc="fixed time of the split-KV combine kernel that merges partial attention outputs",
+    ),
+    "attention_prefill_time_us": EfficiencyKey(
+        default=16.4,
+        per_si=1e6,
+        ideal=0.0,
+        fraction=False,
+        si_name="attention_prefill_time",
+        doc="extra fixed time of an attention call that has prefill rows (the profiled kernel "
+        "appends the new keys/values to the paged cache and rotates them in its prologue)",
     ),
     "elementwise": EfficiencyKey(
         default=0.55,
@@ -218,7 +253,8 @@ class HardwareProfile:
         compute_efficiency: Achievable fraction of peak FLOP/s.
         memory_efficiency: Achievable fraction of memory bandwidth.
         interconnect_efficiency: Achievable fraction of interconnect bandwidth.
-        min_kernel_time: Floor of one kernel, s.
+        min_kernel_time: Fixed time added to every GEMM kernel (launch, pipeline fill and
+            drain), s; an additive cost, not a floor.
         launch_overhead: Fixed GPU-side cost per forward pass, s.
         interconnect_latency: Latency per all-reduce, s.
         cpu_overhead_base: Engine CPU time per iteration, s.

@@ -67,8 +67,11 @@ POLICY_SCHEDULERS = {
     "dynamic": {"policy": "dynamic", "max_num_seqs": 32, "max_wait_ms": 2000},
     "continuous": CONTINUOUS,
     "continuous-mixed": {**CONTINUOUS, "mix_prefill_decode": True},
-    "chunked_prefill": {"policy": "chunked_prefill", "max_num_seqs": 128,
-                        "max_num_batched_tokens": 512},
+    "chunked_prefill": {
+        "policy": "chunked_prefill",
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 512,
+    },
 }
 
 # Runs in a fresh interpreter: simulate() alone, timed inside, result as one JSON line.
@@ -151,9 +154,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         [fmt.format(r[key]) if r.get(key) is not None else "-" for key, _, fmt in COLUMNS]
         for r in rows
     ]
-    widths = [max(len(title), *(len(c[i]) for c in cells)) for i, (_, title, _) in enumerate(COLUMNS)]
-    print("  ".join(title.rjust(w) if i else title.ljust(w)
-                    for i, ((_, title, _), w) in enumerate(zip(COLUMNS, widths))))
+    widths = [
+        max(len(title), *(len(c[i]) for c in cells)) for i, (_, title, _) in enumerate(COLUMNS)
+    ]
+    print(
+        "  ".join(
+            title.rjust(w) if i else title.ljust(w)
+            for i, ((_, title, _), w) in enumerate(zip(COLUMNS, widths))
+        )
+    )
     for c in cells:
         print("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths))))
     for r in rows:
@@ -172,15 +181,24 @@ def main(argv: list[str] | None = None) -> int:
         ("a: continuous 10k", experiment("a", CONTINUOUS, workload_a()), True),
     ]
     for policy, scheduler in POLICY_SCHEDULERS.items():
-        cases.append((f"b: {policy} 10k", experiment(f"b-{policy}", scheduler, workload_a()), False))
+        cases.append(
+            (f"b: {policy} 10k", experiment(f"b-{policy}", scheduler, workload_a()), False)
+        )
     azure = args.azure.resolve()
     if azure.is_file():
         trace = {"trace": {"path": str(azure), "format": "azure"}}
-        scheduler = {"policy": "chunked_prefill", "max_num_seqs": 256,
-                     "max_num_batched_tokens": 2048}
-        cases.append(("c: azure conv (chunked)",
-                      experiment("c", scheduler, trace, hardware="h100-sxm", model="llama-3-8b"),
-                      True))
+        scheduler = {
+            "policy": "chunked_prefill",
+            "max_num_seqs": 256,
+            "max_num_batched_tokens": 2048,
+        }
+        cases.append(
+            (
+                "c: azure conv (chunked)",
+                experiment("c", scheduler, trace, hardware="h100-sxm", model="llama-3-8b"),
+                True,
+            )
+        )
     else:
         print(f"(c) skipped: no Azure conv trace at {azure} (use --azure PATH)")
     if args.million:

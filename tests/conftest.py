@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 
+from batchsim import simulation
+from batchsim.engine import Engine
 from batchsim.kv_cache import KVCacheManager
 from batchsim.request import Request
 from batchsim.scheduler.interface import Scheduler, SchedulerConfig
@@ -46,6 +51,20 @@ def step(scheduler: Scheduler, now: float, duration: float = 1.0):
     output = scheduler.schedule(now)
     finished = scheduler.update_from_output(output, [now + duration]) if output.requests else []
     return output, finished
+
+
+@contextlib.contextmanager
+def capture_engines() -> Iterator[list[Engine]]:
+    """Keep the :class:`Engine` that ``simulate()`` builds (to look at its KV cache)."""
+    engines: list[Engine] = []
+
+    class RecordingEngine(Engine):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    with mock.patch.object(simulation, "Engine", RecordingEngine):
+        yield engines
 
 
 def tiny_experiment(**overrides: Any) -> dict[str, Any]:

@@ -61,7 +61,11 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         **_BASE,
         "name": "golden-chunked-async-closed-loop",
         "engine": {"async_scheduling": True, "cpu_overhead_ms": 4.0},
-        "scheduler": {"policy": "chunked_prefill", "max_num_seqs": 16, "max_num_batched_tokens": 256},
+        "scheduler": {
+            "policy": "chunked_prefill",
+            "max_num_seqs": 16,
+            "max_num_batched_tokens": 256,
+        },
         "workload": {
             "num_requests": 60,
             "concurrency": 6,

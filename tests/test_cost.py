@@ -382,7 +382,9 @@ def test_prefill_time_is_non_decreasing_in_tokens_and_context(cm7b, n, extra, co
 @settings(max_examples=60, deadline=None)
 @given(b=st.integers(1, 1024), extra=st.integers(1, 256), context=st.integers(1, 16384))
 def test_decode_time_is_non_decreasing_in_batch_and_context(cm7b, b, extra, context):
-    base = cm7b.estimate(BatchShape.decode(b, context)).time
+    # up to a 2 % dip: a batch that turns split-KV off saves the combine kernel (measured:
+    # Llama-2-70B TP2 decode attention drops from 17 to 9 us between batch 21 and 22)
+    base = cm7b.estimate(BatchShape.decode(b, context)).time * 0.98
     assert cm7b.estimate(BatchShape.decode(b + extra, context)).time >= base
     assert cm7b.estimate(BatchShape.decode(b, context + extra)).time >= base
 
@@ -392,3 +394,32 @@ def test_decode_time_is_non_decreasing_in_batch_and_context(cm7b, b, extra, cont
 def test_calibrated_time_is_never_below_the_ideal_roofline(cm7b, ideal7b, b, context):
     shape = BatchShape.decode(b, context)
     assert cm7b.estimate(shape).time >= ideal7b.estimate(shape).time
+
+
+def test_mixed_batch_context_is_split_exactly_between_decodes_and_one_chunk(cm7b):
+    shape = BatchShape.from_requests([1, 1, 1, 300], [500, 700, 900, 1200])
+    ctx_d, ctx_p, pairs_p = cm7b._split_context(
+        shape.num_seqs, shape.num_decode_tokens, 300, shape.kv_read_tokens, shape.attn_pairs
+    )
+    assert ctx_d == pytest.approx(2100)
+    assert ctx_p == pytest.approx(1200)
+    assert pairs_p == pytest.approx(300 * 1200 + 300 * 301 // 2)
+
+
+def test_small_decode_batches_split_the_kv_cache_over_the_sms(cm7b):
+    # 1 request x 32 KV heads = 32 CTAs on 108 SMs: split-KV spreads a long context
+    assert cm7b._num_splits(32, 32) > 1
+    assert cm7b._num_splits(32 * 32, 32) == 1  # 32 requests fill the SMs: no split
+    one = cm7b.attention_kernel(1, 1, 4000, 4001).time
+    unsplit_stream = 4000 * 2 * 128 * 2 / (cm7b.hardware.memory_bandwidth / 108 * 1.19)
+    assert one < unsplit_stream  # far faster than one CTA per head streaming 4000 tokens
+
+
+def test_decode_attention_grows_with_context_and_batch_beyond_the_fixed_costs(cm7b):
+    base = cm7b.attention_kernel(64, 64, 64 * 128, 64 * 129).time
+    longer = cm7b.attention_kernel(64, 64, 64 * 4096, 64 * 4097).time
+    bigger = cm7b.attention_kernel(128, 128, 128 * 4096, 128 * 4097).time
+    assert base < longer < bigger
+    # long contexts stream at close to the achievable memory bandwidth
+    kv = 128 * 4096 * 32 * 128 * 2 * 2
+    assert kv / bigger == pytest.approx(cm7b.hardware.memory_bandwidth * 0.8, rel=0.25)

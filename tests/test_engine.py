@@ -6,9 +6,8 @@ it on a small experiment whose numbers follow from the rule, not from a pinned s
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -19,12 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
-from batchsim import simulation
 from batchsim.config import validate_experiment
 from batchsim.engine import Engine
 from batchsim.metrics import weighted_percentiles
 from batchsim.simulation import Result, simulate
-from conftest import tiny_experiment
+from conftest import capture_engines, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 
@@ -87,20 +85,6 @@ def sim(data: dict[str, Any]) -> Result:
     return simulate(validate_experiment(data))
 
 
-@contextlib.contextmanager
-def capture_engines() -> Iterator[list[Engine]]:
-    """Keep the :class:`Engine` that ``simulate()`` builds (to look at its KV cache)."""
-    engines: list[Engine] = []
-
-    class RecordingEngine(Engine):
-        def __init__(self, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    with mock.patch.object(simulation, "Engine", RecordingEngine):
-        yield engines
-
-
 def sim_with_engine(data: dict[str, Any]) -> tuple[Result, Engine]:
     with capture_engines() as engines:
         result = sim(data)
@@ -122,12 +106,8 @@ def iteration_ends(result: Result) -> np.ndarray:
 def test_arrival_exactly_at_dynamic_deadline_joins_the_batch(tmp_path, second_arrival, joins):
     # max_wait 100 ms: the batch of the request arriving at t=0 launches at exactly t=0.1.
     # A third, late arrival keeps arrivals pending so that no partial batch launches early.
-    trace = write_trace(
-        tmp_path / "t.csv", [(0.0, 32, 4), (second_arrival, 32, 4), (5.0, 32, 4)]
-    )
-    result = sim(
-        experiment(trace, {"policy": "dynamic", "max_num_seqs": 4, "max_wait_ms": 100})
-    )
+    trace = write_trace(tmp_path / "t.csv", [(0.0, 32, 4), (second_arrival, 32, 4), (5.0, 32, 4)])
+    result = sim(experiment(trace, {"policy": "dynamic", "max_num_seqs": 4, "max_wait_ms": 100}))
     first = result.iterations.iloc[0]
     assert first["start_time_s"] == 0.1
     assert first["num_seqs"] == (2 if joins else 1)
@@ -177,9 +157,7 @@ def test_idle_engine_sleeps_until_next_arrival(tmp_path):
 
 @pytest.mark.parametrize(("num", "cap"), [(10, 4), (12, 4), (5, 8), (7, 1)])
 def test_static_batch_finishes_in_ceil_n_over_b_waves(num, cap):
-    data = experiment(
-        offline(num, fixed(64), fixed(16)), {"policy": "static", "max_num_seqs": cap}
-    )
+    data = experiment(offline(num, fixed(64), fixed(16)), {"policy": "static", "max_num_seqs": cap})
     req = sim(data).requests
     finish = req["finish_time_s"].to_numpy()
     waves = np.unique(finish)
@@ -338,8 +316,14 @@ def test_fast_forward_off_gives_the_same_summary(policy, num_gpu_blocks):
         "max_wait_ms": 30,
     }
     engine: dict[str, Any] = {} if num_gpu_blocks is None else {"num_gpu_blocks": num_gpu_blocks}
-    fast = sim(experiment(workload, scheduler, engine))
-    slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
+    price_stretch = Engine._price_stretch
+    with mock.patch.object(Engine, "_price_stretch", autospec=True, side_effect=price_stretch) as m:
+        fast = sim(experiment(workload, scheduler, engine))
+        num_stretches = m.call_count
+        slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
+    assert num_stretches > 0 and m.call_count == num_stretches  # only the fast run skips ahead
+    if num_gpu_blocks is not None and policy in ("continuous", "chunked_prefill"):
+        assert slow.summary["num_preemptions"] > 0
     assert_summaries_match(fast.summary, slow.summary)
     assert len(fast.iterations) == len(slow.iterations)
     for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens"):
@@ -367,7 +351,7 @@ def test_throughput_rises_with_batch_cap_and_flattens_past_the_knee():
         assert summary["num_preemptions"] == 0
         throughput.append(summary["output_throughput"])
     # Memory-bound: batching B decodes costs about one weight read, so throughput grows ~B...
-    assert all(b > a for a, b in zip(throughput, throughput[1:]))
+    assert all(b > a for a, b in itertools.pairwise(throughput))
     assert throughput[2] / throughput[0] > 8  # 16x the batch, far more than 8x the tokens/s
     # ...until KV reads and compute catch up: the last doubling gains little.
     assert throughput[-1] / throughput[-2] < 1.3
@@ -382,7 +366,8 @@ def test_continuous_beats_static_on_varied_output_lengths():
     continuous = sim(experiment(workload, {"policy": "continuous", "max_num_seqs": 16})).summary
     assert continuous["output_throughput"] > static["output_throughput"]
     assert continuous["mean_e2el_ms"] < static["mean_e2el_ms"]
-    assert static["empty_slot_fraction"] > 0 == continuous["empty_slot_fraction"]
+    assert static["empty_slot_fraction"] > 0  # finished requests' slots wait for the batch
+    assert continuous["empty_slot_fraction"] == 0
 
 
 LONG_PROMPTS_INTO_DECODES = poisson(60, 2.0, uniform(2048, 4000), uniform(64, 256))
@@ -474,7 +459,7 @@ def closed_loop(concurrency: int, think_ms: float) -> dict[str, Any]:
         {
             "num_requests": 60,
             "concurrency": concurrency,
-            "think_time_ms": fixed(think_ms) if think_ms else {"dist": "fixed", "value": 0},
+            "think_time_ms": {"dist": "fixed", "value": think_ms},
             "prompt_tokens": uniform(32, 128),
             "output_tokens": uniform(8, 64),
         },
@@ -599,9 +584,7 @@ def test_mean_itl_is_the_token_weighted_mean_of_request_gaps(varied_run):
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.tuples(
-            st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False), st.integers(1, 30)
-        ),
+        st.tuples(st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False), st.integers(1, 30)),
         min_size=1,
         max_size=25,
     ),

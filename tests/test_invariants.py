@@ -8,41 +8,23 @@ limits hold and the KV cache is empty at the end.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsim import simulation
 from batchsim.config import validate_experiment
 from batchsim.engine import Engine
 from batchsim.request import RequestStatus
 from batchsim.simulation import Result, simulate
-from conftest import tiny_experiment
+from conftest import capture_engines, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 FINAL = {"finished", "rejected", "cancelled"}
 TIME_TOL_S = 1e-9  # iteration ends are start + duration_ms / 1e3: equal up to rounding
-
-
-@contextlib.contextmanager
-def capture_engines() -> Iterator[list[Engine]]:
-    """Keep the :class:`Engine` that ``simulate()`` builds (its requests and KV cache)."""
-    engines: list[Engine] = []
-
-    class RecordingEngine(Engine):
-        def __init__(self, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    with mock.patch.object(simulation, "Engine", RecordingEngine):
-        yield engines
 
 
 def run(data: dict[str, Any]) -> tuple[Result, Engine]:
@@ -85,9 +67,7 @@ def experiments(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 0:  # closed loop, a quarter of the time
         workload["concurrency"] = draw(st.integers(1, 6))
         workload["think_time_ms"] = draw(
-            st.sampled_from(
-                [{"dist": "fixed", "value": 0}, {"dist": "exponential", "mean": 100.0}]
-            )
+            st.sampled_from([{"dist": "fixed", "value": 0}, {"dist": "exponential", "mean": 100.0}])
         )
     else:
         workload["arrival"] = draw(
@@ -201,7 +181,7 @@ def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):
     # Ten 9-token prompts (90 tokens) fill the first iteration of a 100-token budget; a 95-token
     # prompt arriving next fits the budget on its own, but not next to the ten running decodes
     # (10 + 95 = 105 > 100). It is a new request, not an over-budget recompute, so it must wait.
-    rows = [f"0.0,9,50" for _ in range(10)] + ["0.001,95,5"]
+    rows = ["0.0,9,50" for _ in range(10)] + ["0.001,95,5"]
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
     data = tiny_experiment(

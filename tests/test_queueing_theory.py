@@ -93,8 +93,8 @@ def pilot_mean_service_s(prompt: Any, output: Any, num: int = 500) -> float:
 FIXED_PROMPT = {"dist": "fixed", "value": 32}
 ONE_TOKEN = {"dist": "fixed", "value": 1}
 VARIED_PROMPT = {"dist": "exponential", "mean": 1000, "max": 4000}
-# Few distinct lengths (the cost model caches per shape, so 60k requests stay fast); service
-# time ~ affine in the prompt, coefficient of variation ~0.75.
+# Service time grows ~affinely with the prompt; these four lengths give it a coefficient of
+# variation of ~0.75.
 SPREAD_PROMPT = {"dist": "empirical", "values": [128, 512, 1024, 2048]}
 VARIED_OUTPUT = {"dist": "uniform", "min": 1, "max": 8}
 

@@ -1,0 +1,386 @@
+"""The ``batchsim`` command line (architecture.md sections 5-6), through ``cli.main(argv)``.
+
+Exit codes: 0 ok, 2 bad input (exactly one line on stderr naming the key or file, no
+traceback, nothing written), 1 internal error.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchsim import cli
+from batchsim.catalog import catalog_names
+from batchsim.scheduler.registry import POLICIES
+
+OUTPUT_FILES = {"summary.json", "requests.csv", "iterations.csv", "config.yaml"}
+REQUEST_COLUMNS = {
+    "request_id",
+    "arrival_time_s",
+    "first_scheduled_time_s",
+    "first_token_time_s",
+    "finish_time_s",
+    "prompt_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2el_ms",
+    "queue_delay_ms",
+    "num_preemptions",
+    "status",
+}
+ITERATION_COLUMNS = {
+    "start_time_s",
+    "duration_ms",
+    "num_seqs",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_padding_tokens",
+    "flops",
+    "weight_bytes",
+    "kv_bytes",
+    "bound",
+    "kv_cache_usage",
+}
+SUMMARY_KEYS = {
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "request_goodput",
+    "num_iterations",
+    "mean_batch_size",
+    "num_preemptions",
+    "num_rejected",
+    "mean_queue_delay_ms",
+    "p99_queue_delay_ms",
+    "padding_fraction",
+    "compute_bound_fraction",
+    "max_kv_cache_usage",
+    "wall_time_s",
+    "config",
+} | {
+    f"{stat}_{metric}_ms"
+    for metric in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p90", "p99")
+}
+
+EXPERIMENT = """\
+name: cli-test
+seed: 3
+hardware: a100-80gb
+model: llama-2-7b
+scheduler:
+  policy: continuous
+  max_num_seqs: 8
+workload:
+  num_requests: 30
+  arrival: {process: poisson, rate: 10.0}
+  prompt_tokens: {dist: uniform, min: 32, max: 256}
+  output_tokens: {dist: uniform, min: 4, max: 32}
+slo: {ttft_ms: 500, tpot_ms: 50}
+"""
+LINE = {
+    key: number
+    for number, text in enumerate(EXPERIMENT.splitlines(), start=1)
+    for key in ("policy", "max_num_seqs", "arrival", "scheduler")
+    if text.strip().startswith(f"{key}:")
+}
+
+TRACE_EXPERIMENT = """\
+name: cli-trace
+hardware: a100-80gb
+model: llama-2-7b
+workload:
+  trace: {path: trace.csv, format: csv}
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def read_csv_header(path: Path) -> list[str]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return next(csv.reader(f))
+
+
+def read_summary(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / "summary.json").read_text(encoding="utf-8"))
+
+
+def without_wall_time(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k != "wall_time_s"}
+
+
+@pytest.fixture
+def exp(tmp_path: Path) -> Path:
+    return write(tmp_path / "exp.yaml", EXPERIMENT)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def test_run_writes_exactly_the_four_output_files_with_contract_columns(tmp_path, exp, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == OUTPUT_FILES
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "out"}  # no temp dir left
+    assert set(read_csv_header(out / "requests.csv")) >= REQUEST_COLUMNS
+    assert set(read_csv_header(out / "iterations.csv")) >= ITERATION_COLUMNS
+    summary = read_summary(out)
+    assert summary.keys() >= SUMMARY_KEYS
+    assert summary["completed"] == 30
+    with open(out / "requests.csv", newline="", encoding="utf-8") as f:
+        assert sum(1 for _ in csv.DictReader(f)) == 30
+    with open(out / "iterations.csv", newline="", encoding="utf-8") as f:
+        bounds = {row["bound"] for row in csv.DictReader(f)}
+    assert bounds <= {"compute", "memory"}
+    config = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    assert config["scheduler"]["max_num_seqs"] == 8
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_run_prints_a_summary_table_to_stdout(tmp_path, exp, capsys):
+    assert cli.main(["run", str(exp), "-o", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out  # sys.stdout at call time (capsys, redirect_stdout)
+    assert "30 completed" in printed
+    for label in ("TTFT", "TPOT", "ITL", "E2EL", "throughput", "queue delay", "KV cache"):
+        assert label in printed
+
+
+def test_set_overrides_keys_of_the_experiment(tmp_path, exp):
+    out = tmp_path / "out"
+    argv = ["run", str(exp), "-o", str(out), "--set", "scheduler.max_num_seqs=2"]
+    argv += ["--set", "workload.num_requests=12", "--set", "scheduler.policy=chunked_prefill"]
+    assert cli.main(argv) == 0
+    summary = read_summary(out)
+    assert summary["completed"] == 12
+    assert summary["config"]["scheduler"]["max_num_seqs"] == 2
+    assert summary["config"]["scheduler"]["policy"] == "chunked_prefill"
+    with open(out / "iterations.csv", newline="", encoding="utf-8") as f:
+        assert max(int(row["num_seqs"]) for row in csv.DictReader(f)) <= 2
+    config = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    assert config["scheduler"]["max_num_seqs"] == 2
+
+
+def test_written_config_reruns_to_an_identical_summary_from_anywhere(tmp_path, monkeypatch):
+    # A relative trace path must survive: config.yaml has to rerun from another directory.
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = [f"{0.05 * i!r},{32 + 7 * i},{3 + i % 5}" for i in range(25)]
+    write(src / "trace.csv", "arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows))
+    exp = write(src / "exp.yaml", TRACE_EXPERIMENT)
+    monkeypatch.chdir(src)
+    assert cli.main(["run", "exp.yaml", "-o", str(tmp_path / "first")]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = tmp_path / "first" / "config.yaml"
+    assert cli.main(["run", str(config), "-o", str(tmp_path / "second")]) == 0
+    first, second = read_summary(tmp_path / "first"), read_summary(tmp_path / "second")
+    assert without_wall_time(first) == without_wall_time(second)
+    assert first["completed"] == 25
+    assert exp.is_file()
+
+
+def test_validate_reports_ok_and_writes_nothing(tmp_path, exp, capsys):
+    assert cli.main(["validate", str(exp)]) == 0
+    printed = capsys.readouterr()
+    assert "ok" in printed.out
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "names"),
+    [
+        ("hardware", catalog_names("hardware_profiles")),
+        ("models", catalog_names("models")),
+        ("policies", list(POLICIES)),
+        ("workloads", catalog_names("workloads")),
+    ],
+)
+def test_list_prints_every_built_in_name_from_any_directory(
+    kind, names, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert names
+    assert cli.main(["list", kind]) == 0
+    printed = capsys.readouterr().out
+    for name in names:
+        assert name in printed
+
+
+def test_built_in_catalogs_work_from_another_directory(tmp_path, monkeypatch):
+    # Built-in hardware, model, workload file and trace sample, referenced by name only.
+    monkeypatch.chdir(tmp_path)
+    write(
+        tmp_path / "exp.yaml",
+        "name: builtin\nhardware: h100-sxm\nmodel: llama-3-8b\n"
+        "workload:\n  trace: {path: azure_conv_sample.csv}\n  num_requests: 20\n",
+    )
+    assert cli.main(["run", "exp.yaml"]) == 0  # default output: runs/<name>
+    assert {p.name for p in (tmp_path / "runs" / "builtin").iterdir()} == OUTPUT_FILES
+    argv = ["run", "quickstart", "-o", "quick", "--set", "workload.num_requests=20"]
+    assert cli.main(argv) == 0
+    assert read_summary(tmp_path / "quick")["completed"] == 20
+    write(
+        tmp_path / "named.yaml",
+        "hardware: a100-80gb\nmodel: llama-2-7b\nworkload: sharegpt-like\n",
+    )
+    argv = ["run", "named.yaml", "-o", "named", "--set", "workload.num_requests=10"]
+    assert cli.main(argv) == 0
+    named = read_summary(tmp_path / "named")
+    assert named["completed"] + named["num_rejected"] == 10  # long prompts: > 4k context
+
+
+def test_prompt_longer_than_any_kv_capacity_is_not_bad_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "trace.csv", "arrival_time,prompt_tokens,output_tokens\n0,64,4\n0.1,900,4\n")
+    write(tmp_path / "exp.yaml", TRACE_EXPERIMENT + "engine: {num_gpu_blocks: 16}\n")
+    assert cli.main(["run", "exp.yaml", "-o", "out"]) == 0
+    summary = read_summary(tmp_path / "out")
+    assert summary["num_rejected"] == 1 and summary["completed"] == 1
+    with open(tmp_path / "out" / "requests.csv", newline="", encoding="utf-8") as f:
+        rejected = [row for row in csv.DictReader(f) if row["status"] == "rejected"]
+    assert len(rejected) == 1 and "KV" in rejected[0]["reject_reason"]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _replace(old: str, new: str):
+    def edit(text: str) -> str:
+        assert old in text
+        return text.replace(old, new)
+
+    return edit
+
+
+BAD_EXPERIMENTS = {
+    "unknown policy": (
+        _replace("policy: continuous", "policy: fastest"),
+        [f"exp.yaml:{LINE['policy']}:", "scheduler.policy", "fastest", "static", "chunked_prefill"],
+    ),
+    "negative rate": (
+        _replace("rate: 10.0", "rate: -2"),
+        [f"exp.yaml:{LINE['arrival']}:", "workload.arrival.rate", "-2"],
+    ),
+    "max_num_seqs 0": (
+        _replace("max_num_seqs: 8", "max_num_seqs: 0"),
+        [f"exp.yaml:{LINE['max_num_seqs']}:", "scheduler.max_num_seqs", "0"],
+    ),
+    "unknown key": (
+        _replace("max_num_seqs: 8", "max_num_seqs: 8\n  max_num_seq: 4"),
+        [f"exp.yaml:{LINE['max_num_seqs'] + 1}:", "scheduler.max_num_seq", "unknown key"],
+    ),
+    "malformed yaml": (
+        _replace("max_num_seqs: 8", "max_num_seqs: [8"),
+        ["exp.yaml:", "malformed YAML"],
+    ),
+}
+
+
+def assert_bad_input(code: int, capsys, expected: list[str]) -> str:
+    printed = capsys.readouterr()
+    assert code == 2
+    lines = printed.err.strip().splitlines()
+    assert len(lines) == 1, printed.err
+    assert "Traceback" not in printed.err
+    for part in expected:
+        assert part in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", list(BAD_EXPERIMENTS))
+def test_bad_experiment_exits_2_with_one_line_and_writes_nothing(case, tmp_path, capsys):
+    edit, expected = BAD_EXPERIMENTS[case]
+    exp = write(tmp_path / "exp.yaml", edit(EXPERIMENT))
+    out = tmp_path / "out"
+    assert_bad_input(cli.main(["run", str(exp), "-o", str(out)]), capsys, expected)
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("scheduler.policy=fastest", ["scheduler.policy", "static", "chunked_prefill"]),
+        ("workload.arrival.rate=-1", ["workload.arrival.rate"]),
+        ("scheduler.max_num_seqs=0", ["scheduler.max_num_seqs"]),
+        ("scheduler.nope=1", ["scheduler.nope"]),
+        ("no-equals-sign", ["--set"]),
+    ],
+)
+def test_bad_set_override_exits_2_and_writes_nothing(setting, expected, tmp_path, exp, capsys):
+    code = cli.main(["run", str(exp), "-o", str(tmp_path / "out"), "--set", setting])
+    assert_bad_input(code, capsys, expected)
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("trace", "expected"),
+    [
+        (None, ["workload.trace.path", "trace.csv"]),
+        ("arrival_time,prompt_tokens,output_tokens\n0,10,5\n0.5,ten,5\n", ["trace.csv:3:"]),
+        ("arrival_time,prompt_tokens,output_tokens\n0,10,5\n0.5,10\n", ["trace.csv:3:"]),
+        ("arrival_time,prompt_tokens,output_tokens\n1,10,5\n0.5,10,5\n", ["trace.csv:3:"]),
+    ],
+    ids=["missing trace file", "non-integer tokens", "short row", "time going backwards"],
+)
+def test_bad_trace_exits_2_naming_file_and_line(trace, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "exp.yaml", TRACE_EXPERIMENT)
+    if trace is not None:
+        write(tmp_path / "trace.csv", trace)
+    before = {p.name for p in tmp_path.iterdir()}
+    assert_bad_input(cli.main(["run", "exp.yaml", "-o", "out"]), capsys, expected)
+    assert {p.name for p in tmp_path.iterdir()} == before
+
+
+def test_missing_experiment_file_exits_2(tmp_path, capsys):
+    code = cli.main(["run", str(tmp_path / "nope.yaml"), "-o", str(tmp_path / "out")])
+    assert_bad_input(code, capsys, ["nope.yaml"])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["run"], ["list", "gpus"], ["frobnicate"], []])
+def test_command_line_usage_errors_exit_2_with_one_line(argv, capsys):
+    assert_bad_input(cli.main(argv), capsys, ["batchsim"])
+
+
+def test_validate_rejects_bad_input_like_run(tmp_path, capsys):
+    exp = write(tmp_path / "exp.yaml", EXPERIMENT.replace("max_num_seqs: 8", "max_num_seqs: 0"))
+    assert_bad_input(cli.main(["validate", str(exp)]), capsys, ["scheduler.max_num_seqs"])
+
+
+def test_internal_error_exits_1_with_a_traceback(tmp_path, exp, monkeypatch, capsys):
+    def broken(*args: Any, **kwargs: Any):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr("batchsim.simulation.simulate", broken)
+    assert cli.main(["run", str(exp), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "simulated bug" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_summary_json_is_strict_json_with_null_for_undefined_values(tmp_path, exp):
+    # One-token outputs have no TPOT: NaN must be written as null, not as bare NaN.
+    out = tmp_path / "out"
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload.output_tokens=1"]
+    assert cli.main(argv) == 0
+    text = (out / "summary.json").read_text(encoding="utf-8")
+    summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert summary["mean_tpot_ms"] is None
+    assert all(not (isinstance(v, float) and math.isnan(v)) for v in summary.values())
