@@ -872,6 +872,10 @@ class RooflineCostModel:
         """
         if isinstance(ctx, np.ndarray):  # decode stretch: the time depends on whole blocks
             blocks = np.maximum(1, np.ceil(ctx / _ATTN_BLOCK_N - 1e-9)).astype(np.int64)
+            if blocks.ndim == 1 and blocks[0] == blocks[-1] and blocks.min() == blocks[0]:
+                # a short stretch stays within one 128-token block count: one scalar price
+                one = self._decode_stream(seqs, int(blocks[0]) * _ATTN_BLOCK_N, split_tokens)
+                return np.full(ctx.shape, one, dtype=float)
             uniq, inverse = np.unique(blocks, return_inverse=True)
             times = [self._decode_stream(seqs, b * _ATTN_BLOCK_N, split_tokens) for b in uniq]
             return np.asarray(times, dtype=float)[inverse].reshape(ctx.shape)

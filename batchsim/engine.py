@@ -272,57 +272,93 @@ class Engine:
 
         Step k (0-based) differs from step 0 only in context: every request has k more cached
         tokens, so attention reads ``k x num_seqs`` more KV tokens (fewer once a sliding
-        window caps a context). Iteration time never decreases along a stretch, so the first
-        step's duration bounds how many steps fit before the next event.
+        window caps a context). Steps are priced in vectorized chunks (most stretches end
+        within the first one, at the next arrival or completion).
         """
+        cpu = self._cpu_time(len(output.requests))
+        event = self._next_event_time(now)
+        pieces: list[tuple] = []
+        done = 0
+        chunk = _FIRST_CHUNK
+        start = now
+        while done < num_steps:
+            size = min(chunk, num_steps - done)
+            cost, durations = self._stretch_chunk(output, cpu, done, size, start == self._last_end)
+            ends = np.cumsum(durations)
+            ends += start
+            if event < ends[-1]:
+                keep = int(np.searchsorted(ends, event, side="left")) + 1
+                pieces.append((cost, durations, ends, keep))
+                done += keep
+                break
+            pieces.append((cost, durations, ends, size))
+            done += size
+            start = float(ends[-1])
+            chunk *= 4
+        all_ends = np.concatenate([p[2][: p[3]] for p in pieces])
+        self._record_stretch(output, now, cpu, pieces, all_ends)
+        return all_ends.tolist()
+
+    def _stretch_chunk(
+        self, output: SchedulerOutput, cpu: float, first: int, size: int, back_to_back: bool
+    ):
+        """Cost and durations of steps ``first .. first + size - 1`` of a decode stretch."""
         shape = output.shape
         requests = output.requests
         n = len(requests)
-        cpu = self._cpu_time(n)
-        event = self._next_event_time(now)
-        if event != math.inf:
-            first = self.cost_model.estimate(shape).time
-            first = max(cpu, first) if self.options.async_scheduling else cpu + first
-            fit = int((event - now) / first) + 1
-            if fit < num_steps:
-                num_steps = max(fit, 1)
-        if num_steps == 1:
-            return [self._price_step(output, now)]
         window = self.scheduler.window
-        steps = np.arange(num_steps)
-        if window is not None and max(r.num_computed_tokens for r in requests) + num_steps > window:
+        steps = np.arange(first, first + size)
+        if (
+            window is not None
+            and max(r.num_computed_tokens for r in requests) + first + size > window
+        ):
             contexts = np.fromiter((r.num_computed_tokens for r in requests), np.int64, n)
             kv_read = np.minimum(contexts[None, :] + steps[:, None], window).sum(axis=1)
         else:
             kv_read = shape.kv_read_tokens + steps * n
-        stretch = BatchShape(
-            num_seqs=shape.num_seqs,
-            num_prefill_tokens=0,
-            num_decode_tokens=shape.num_decode_tokens,
-            num_padding_tokens=shape.num_padding_tokens,
-            num_sampled_tokens=shape.num_sampled_tokens,
-            kv_read_tokens=kv_read,
-            attn_pairs=kv_read + shape.num_decode_tokens,
+        cost = self.cost_model.estimate(
+            BatchShape(
+                num_seqs=shape.num_seqs,
+                num_prefill_tokens=0,
+                num_decode_tokens=shape.num_decode_tokens,
+                num_padding_tokens=shape.num_padding_tokens,
+                num_sampled_tokens=shape.num_sampled_tokens,
+                kv_read_tokens=kv_read,
+                attn_pairs=kv_read + shape.num_decode_tokens,
+            )
         )
-        cost = self.cost_model.estimate(stretch)
         gpu = cost.time
-        if not isinstance(gpu, np.ndarray) or gpu.shape != (num_steps,):
-            gpu = np.broadcast_to(np.asarray(gpu, dtype=float), (num_steps,))
+        if not isinstance(gpu, np.ndarray) or gpu.shape != (size,):
+            gpu = np.full(size, gpu, dtype=float)
         if self.options.async_scheduling:
             durations = np.maximum(cpu, gpu)
-            if now != self._last_end:
+            if first == 0 and not back_to_back:
                 durations[0] = cpu + gpu[0]
         else:
             durations = gpu + cpu
-        ends = np.cumsum(durations)
-        ends += now
-        keep = num_steps
-        if event < ends[-1]:
-            keep = int(np.searchsorted(ends, event, side="left")) + 1
-            ends = ends[:keep]
-            durations = durations[:keep]
-            gpu = gpu[:keep]
-        starts = np.empty(keep)
+        return cost, durations
+
+    def _record_stretch(
+        self,
+        output: SchedulerOutput,
+        now: float,
+        cpu: float,
+        pieces: list[tuple],
+        ends: np.ndarray,
+    ) -> None:
+        """Append the iterations of a priced decode stretch to the log."""
+
+        def column(get) -> np.ndarray | float:
+            parts = []
+            for cost, durations, _, keep in pieces:
+                value = get(cost, durations)
+                if not (isinstance(value, np.ndarray) and value.ndim):
+                    value = np.full(keep, value)
+                parts.append(value[:keep])
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        total = len(ends)
+        starts = np.empty(total)
         starts[0] = now
         starts[1:] = ends[:-1]
         kv = self.scheduler.kv_cache
@@ -332,29 +368,31 @@ class Engine:
             # Blocks are allocated lazily, one per block_size tokens: a request with c cached
             # tokens needs floor((c mod block_size + k) / block_size) more blocks by step k.
             block = kv.block_size
-            offsets = np.fromiter((r.num_computed_tokens % block for r in requests), np.int64, n)
-            extra = ((steps[:keep, None] + offsets[None, :]) // block).sum(axis=1)
+            requests = output.requests
+            offsets = np.fromiter(
+                (r.num_computed_tokens % block for r in requests), np.int64, len(requests)
+            )
+            extra = ((np.arange(total)[:, None] + offsets[None, :]) // block).sum(axis=1)
             usage = (kv.num_used_blocks + extra) / kv.num_blocks
-
-        def cut(x):
-            return x[:keep] if isinstance(x, np.ndarray) and x.ndim else x
-
         self.iterations.extend(
             (
                 starts,
-                durations * 1e3,
-                gpu * 1e3,
-                cut(cost.flops),
-                cut(cost.bytes),
-                cut(cost.weight_bytes),
-                cut(cost.kv_bytes),
-                cut(cost.compute_bound),
+                column(lambda c, d: d) * 1e3,
+                column(lambda c, d: c.time) * 1e3,
+                column(lambda c, d: c.flops),
+                column(lambda c, d: c.bytes),
+                column(lambda c, d: c.weight_bytes),
+                column(lambda c, d: c.kv_bytes),
+                column(lambda c, d: c.compute_bound),
                 usage,
             ),
             self._batch_row(output, cpu),
-            keep,
+            total,
         )
-        return ends.tolist()
+
+
+_FIRST_CHUNK = 32
+"""Decode steps priced in the first vectorized call of a stretch (then 4x more per call)."""
 
 
 def final_statuses_ok(requests: list[Request]) -> bool:
