@@ -17,7 +17,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from batchsim.request import Request, RequestStatus
 
@@ -139,14 +138,15 @@ class IterationLog:
         parts.append(self._chunks[-1][index][: self._fill])
         return np.concatenate(parts)
 
-    def to_frame(self) -> pd.DataFrame:
-        data: dict[str, Any] = {"iteration": np.arange(self.num_rows)}
+    def to_columns(self) -> Columns:
+        """The log as ``iterations.csv`` columns, plus ``compute_bound`` (bool)."""
+        data: Columns = {"iteration": np.arange(self.num_rows)}
         for key in (*STEP_COLUMNS, *BATCH_COLUMNS):
             data[key] = self.column(key)
-        data["bound"] = np.where(data.pop("compute_bound"), "compute", "memory")
         with np.errstate(divide="ignore", invalid="ignore"):
             data["arithmetic_intensity"] = data["flops"] / data["bytes"]
-        return pd.DataFrame(data, columns=ITERATION_COLUMNS)
+        data["bound"] = np.where(data["compute_bound"], "compute", "memory").astype(object)
+        return data
 
 
 REQUEST_COLUMNS = [
@@ -168,7 +168,11 @@ REQUEST_COLUMNS = [
 ]
 
 
-def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
+Columns = dict[str, Any]
+"""A table as column name -> numpy array (or list of strings), all of one length."""
+
+
+def requests_columns(requests: Sequence[Request]) -> Columns:
     """One flat row per request (times in s, latencies in ms, NaN where not applicable)."""
     n = len(requests)
     arrival = np.fromiter((r.arrival_time for r in requests), float, n)
@@ -176,31 +180,33 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
     first = np.fromiter((r.first_token_time for r in requests), float, n)
     finish = np.fromiter((r.finish_time for r in requests), float, n)
     outputs = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
-    status = [r.status.name.lower() for r in requests]
-    done = np.array([r.status == RequestStatus.FINISHED for r in requests], dtype=bool)
+    names = {s: s.name.lower() for s in RequestStatus}
+    status = np.array([names[r.status] for r in requests], dtype=object)
+    done = status == "finished"
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(done & (outputs > 1), (finish - first) / (outputs - 1), np.nan)
     e2el = np.where(done, finish - arrival, np.nan)
-    return pd.DataFrame(
-        {
-            "request_id": np.fromiter((r.request_id for r in requests), np.int64, n),
-            "arrival_time_s": arrival,
-            "first_scheduled_time_s": scheduled,
-            "first_token_time_s": first,
-            "finish_time_s": finish,
-            "prompt_tokens": np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n),
-            "output_tokens": outputs,
-            "max_tokens": np.fromiter((r.max_tokens for r in requests), np.int64, n),
-            "ttft_ms": (first - arrival) * 1e3,
-            "tpot_ms": tpot * 1e3,
-            "e2el_ms": e2el * 1e3,
-            "queue_delay_ms": (scheduled - arrival) * 1e3,
-            "num_preemptions": np.fromiter((r.num_preemptions for r in requests), np.int64, n),
-            "status": status,
-            "reject_reason": [r.reject_reason for r in requests],
-        },
-        columns=REQUEST_COLUMNS,
-    )
+    return {
+        "request_id": np.fromiter((r.request_id for r in requests), np.int64, n),
+        "arrival_time_s": arrival,
+        "first_scheduled_time_s": scheduled,
+        "first_token_time_s": first,
+        "finish_time_s": finish,
+        "prompt_tokens": np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n),
+        "output_tokens": outputs,
+        "max_tokens": np.fromiter((r.max_tokens for r in requests), np.int64, n),
+        "ttft_ms": (first - arrival) * 1e3,
+        "tpot_ms": tpot * 1e3,
+        "e2el_ms": e2el * 1e3,
+        "queue_delay_ms": (scheduled - arrival) * 1e3,
+        "num_preemptions": np.fromiter((r.num_preemptions for r in requests), np.int64, n),
+        "status": status,
+        "reject_reason": np.array([r.reject_reason for r in requests], dtype=object),
+    }
+
+
+def _rows(table: Columns, mask: np.ndarray) -> Columns:
+    return {k: v[mask] for k, v in table.items()}
 
 
 def weighted_percentiles(
@@ -237,8 +243,8 @@ def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> 
 
 
 def summarize(
-    requests: pd.DataFrame,
-    iterations: pd.DataFrame,
+    requests: Columns,
+    iterations: Columns,
     itl_time: np.ndarray,
     itl_value: np.ndarray,
     itl_count: np.ndarray,
@@ -255,13 +261,13 @@ def summarize(
     [first arrival + warmup, last arrival - cooldown]; inter-token gaps and iteration
     statistics count only those that ended/started inside that window.
     """
-    arrivals = requests["arrival_time_s"].to_numpy()
+    arrivals = requests["arrival_time_s"]
     lo = (arrivals.min() if arrivals.size else 0.0) + warmup_s
     hi = (arrivals.max() if arrivals.size else 0.0) - cooldown_s
     trimmed = warmup_s > 0 or cooldown_s > 0
-    req = requests[(arrivals >= lo) & (arrivals <= hi)] if trimmed else requests
-    done = req[req["status"] == "finished"]
-    completed = len(done)
+    req = _rows(requests, (arrivals >= lo) & (arrivals <= hi)) if trimmed else requests
+    done = _rows(req, req["status"] == "finished")
+    completed = len(done["status"])
     if completed:
         duration = float(done["finish_time_s"].max() - req["arrival_time_s"].min())
     else:
@@ -274,7 +280,7 @@ def summarize(
 
     out: dict[str, Any] = {
         "completed": completed,
-        "num_requests": len(req),
+        "num_requests": len(req["status"]),
         "duration": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
@@ -286,13 +292,13 @@ def summarize(
         ok = np.ones(completed, dtype=bool)
         for key, column in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("e2el_ms", "e2el_ms")):
             if slo.get(key) is not None:
-                v = done[column].to_numpy()
+                v = done[column]
                 ok &= ~(v > slo[key])  # NaN TPOT (single-token output) meets any TPOT SLO
         out["request_goodput"] = rate(float(ok.sum()))
     else:
         out["request_goodput"] = math.nan
-    out.update(_stats("ttft", done["ttft_ms"].to_numpy()))
-    tpot = done["tpot_ms"].to_numpy()
+    out.update(_stats("ttft", done["ttft_ms"]))
+    tpot = done["tpot_ms"]
     out.update(_stats("tpot", tpot[~np.isnan(tpot)]))
     if trimmed:
         # Gaps are not attributed to requests: keep those that ended inside the window
@@ -301,24 +307,24 @@ def summarize(
         keep = (itl_time >= lo) & (itl_time <= end)
         itl_value, itl_count = itl_value[keep], itl_count[keep]
     out.update(_stats("itl", itl_value * 1e3, itl_count))
-    out.update(_stats("e2el", done["e2el_ms"].to_numpy()))
+    out.update(_stats("e2el", done["e2el_ms"]))
 
     it = iterations
-    if trimmed and len(it):
-        start = it["start_time_s"].to_numpy()
-        it = it[(start >= lo) & (start <= hi)]
-    num_iter = len(it)
+    if trimmed:
+        start = it["start_time_s"]
+        it = _rows(it, (start >= lo) & (start <= hi))
+    num_iter = len(it["start_time_s"])
     computed_tokens = (
         it["num_prefill_tokens"].sum()
         + it["num_decode_tokens"].sum()
         + it["num_padding_tokens"].sum()
     )
     slots = it["num_slots"].sum()
-    queue = req["queue_delay_ms"].to_numpy()
+    queue = req["queue_delay_ms"]
     queue = queue[~np.isnan(queue)]
     out.update(
         {
-            "num_iterations": len(iterations),
+            "num_iterations": len(iterations["start_time_s"]),
             "mean_batch_size": float(it["num_seqs"].mean()) if num_iter else math.nan,
             "num_preemptions": int(num_preemptions),
             "num_rejected": int((req["status"] == "rejected").sum()),
@@ -329,7 +335,7 @@ def summarize(
             if computed_tokens
             else 0.0,
             "empty_slot_fraction": float(1 - it["num_seqs"].sum() / slots) if slots else 0.0,
-            "compute_bound_fraction": float((it["bound"] == "compute").mean()) if num_iter else 0.0,
+            "compute_bound_fraction": float(it["compute_bound"].mean()) if num_iter else 0.0,
             "max_kv_cache_usage": float(max_kv_cache_usage),
             "cpu_overhead_fraction": float(it["cpu_time_ms"].sum() / it["duration_ms"].sum())
             if num_iter

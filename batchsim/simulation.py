@@ -9,6 +9,7 @@ half-written directory.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -17,12 +18,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.csv as pa_csv
 
 from batchsim.config import ExperimentConfig, dump_config, load_experiment, unused_scheduler_keys
 from batchsim.cost import RooflineCostModel
@@ -30,10 +28,19 @@ from batchsim.engine import Engine, EngineOptions
 from batchsim.errors import ConfigError
 from batchsim.hardware import HardwareProfile, load_hardware
 from batchsim.kv_cache import KVCacheManager, kv_capacity_blocks
-from batchsim.metrics import requests_frame, summarize
+from batchsim.metrics import (
+    ITERATION_COLUMNS,
+    REQUEST_COLUMNS,
+    Columns,
+    requests_columns,
+    summarize,
+)
 from batchsim.model import ModelSpec, dtype_bytes, load_model
 from batchsim.scheduler.registry import load_policy
 from batchsim.workload import generate
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 OUTPUT_FILES = ("summary.json", "requests.csv", "iterations.csv", "config.yaml")
 
@@ -44,17 +51,31 @@ class Result:
 
     Attributes:
         summary: ``summary.json`` as a dict (vLLM benchmark names plus batchsim's own).
-        requests: One row per request (``requests.csv``).
-        iterations: One row per iteration (``iterations.csv``).
         config: The resolved experiment.
         notes: Things the user should know (e.g. keys the chosen policy ignores).
+        request_columns: ``requests.csv`` as numpy columns.
+        iteration_columns: ``iterations.csv`` as numpy columns (plus ``compute_bound``).
     """
 
     summary: dict[str, Any]
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
     config: ExperimentConfig
+    request_columns: Columns
+    iteration_columns: Columns
     notes: list[str] = field(default_factory=list)
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (``requests.csv``) as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.request_columns, columns=REQUEST_COLUMNS)
+
+    @functools.cached_property
+    def iterations(self) -> pd.DataFrame:
+        """One row per iteration (``iterations.csv``) as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.iteration_columns, columns=ITERATION_COLUMNS)
 
     def write(self, out_dir: str | Path) -> Path:
         """Write the output files into ``out_dir`` (created if needed); return it."""
@@ -65,8 +86,8 @@ class Result:
             (tmp / "summary.json").write_text(
                 json.dumps(_jsonable(self.summary), indent=2) + "\n", encoding="utf-8"
             )
-            write_csv(self.requests, tmp / "requests.csv")
-            write_csv(self.iterations, tmp / "iterations.csv")
+            write_csv(self.request_columns, REQUEST_COLUMNS, tmp / "requests.csv")
+            write_csv(self.iteration_columns, ITERATION_COLUMNS, tmp / "iterations.csv")
             (tmp / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
             target.mkdir(exist_ok=True)
             for name in OUTPUT_FILES:
@@ -76,9 +97,12 @@ class Result:
         return target
 
 
-def write_csv(frame: pd.DataFrame, path: Path) -> None:
-    """Write a table as CSV (pyarrow's writer: ~10x faster than pandas on 1e5+ rows)."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+def write_csv(columns: Columns, names: list[str], path: Path) -> None:
+    """Write ``names`` of ``columns`` as CSV with pyarrow (~10x faster than pandas)."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    table = pa.table({name: columns[name] for name in names})
     pa_csv.write_csv(table, path, write_options=pa_csv.WriteOptions(quoting_style="needed"))
 
 
@@ -178,8 +202,8 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     )
     engine = Engine(scheduler, setup.cost_model, table, options)
     engine.run()
-    requests = requests_frame(engine.requests)
-    iterations = engine.iterations.to_frame()
+    requests = requests_columns(engine.requests)
+    iterations = engine.iterations.to_columns()
     itl_time, itl_gap, itl_count = scheduler.itl.arrays()
     summary = summarize(
         requests,
@@ -201,7 +225,7 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
         f"scheduler.{key} is not used by policy {config.scheduler.policy}"
         for key in unused_scheduler_keys(config, policy_cls.config_keys)
     ]
-    return Result(summary, requests, iterations, config, notes)
+    return Result(summary, config, requests, iterations, notes)
 
 
 def run(
