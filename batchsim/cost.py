@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Union
 
 import numpy as np
@@ -329,6 +329,10 @@ class IterationCost:
 
 
 # --------------------------------------------------------------------------- the model
+
+_BOUND_OPS = ("qkv_proj", "attention", "o_proj", "mlp", "elementwise", "lm_head")
+"""Groups whose compute and memory times decide an iteration's bound (not the link or the
+fixed overhead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -712,22 +716,8 @@ class RooflineCostModel:
         qkv, o, mlp, ew, ar, kvw_bytes, kvw_time, kvw_tm, weight, kv_written = self._terms(tokens)
         lm = self._lm_head_op(int(sampled)) if sampled > 0 else _ZERO_OP
 
-        # attention kernel: causal pairs -> FLOPs; cached + new keys -> KV bytes
-        L = self._layers
-        keys = shape.kv_read_tokens + tokens
-        a_flops = L * self._attn_flops_pair * shape.attn_pairs
-        kv_read = L * self._kv_elems_layer * self._kvb * keys
-        a_bytes = kv_read + L * tokens * self._qo_elems * _ACT_BYTES
-        a_time, a_tc, a_tm = self._attention(
-            shape.num_seqs,
-            shape.num_decode_tokens,
-            shape.num_prefill_tokens + shape.num_padding_tokens,
-            shape.kv_read_tokens,
-            shape.attn_pairs,
-            a_bytes / L,
-        )
-        a_time, a_tc, a_tm = L * a_time, L * a_tc, L * a_tm
-        attn = OpCost(a_flops, a_bytes + kvw_bytes, a_time + kvw_time, a_tc, a_tm + kvw_tm)
+        attn, kv_read, a_tc = self._attention_op(shape, tokens, kvw_bytes, kvw_time, kvw_tm)
+        a_flops = attn.flops
         overhead = self._overhead
 
         ops = {
@@ -761,6 +751,85 @@ class RooflineCostModel:
             kv_bytes,
             nbytes - weight_bytes - kv_bytes,
             compute_bound,
+        )
+
+    def _attention_op(
+        self, shape: BatchShape, tokens: int, kvw_bytes: float, kvw_time: float, kvw_tm: float
+    ) -> tuple[OpCost, Any, Any]:
+        """The attention group of an iteration: (OpCost, KV bytes read, compute time).
+
+        Causal pairs give the FLOPs; cached plus new keys give the KV bytes read; the KV
+        written for the new tokens (``kvw_*``) is part of the group.
+        """
+        L = self._layers
+        keys = shape.kv_read_tokens + tokens
+        a_flops = L * self._attn_flops_pair * shape.attn_pairs
+        kv_read = L * self._kv_elems_layer * self._kvb * keys
+        a_bytes = kv_read + L * tokens * self._qo_elems * _ACT_BYTES
+        a_time, a_tc, a_tm = self._attention(
+            shape.num_seqs,
+            shape.num_decode_tokens,
+            shape.num_prefill_tokens + shape.num_padding_tokens,
+            shape.kv_read_tokens,
+            shape.attn_pairs,
+            a_bytes / L,
+        )
+        a_time, a_tc, a_tm = L * a_time, L * a_tc, L * a_tm
+        attn = OpCost(a_flops, a_bytes + kvw_bytes, a_time + kvw_time, a_tc, a_tm + kvw_tm)
+        return attn, kv_read, a_tc
+
+    def estimate_decode_stretch(
+        self, shape: BatchShape, kv_read_tokens: np.ndarray
+    ) -> IterationCost:
+        """Cost of consecutive decode iterations of one batch whose cached context grows.
+
+        ``shape`` is the first iteration; iteration k reads ``kv_read_tokens[k]`` cached tokens
+        (and computes that many plus one pair per decode). Only the attention group depends on
+        the context, so the other groups are priced once and the attention group as arrays.
+        Equals :meth:`estimate` on the corresponding shapes up to float rounding.
+
+        Returns:
+            An IterationCost whose totals are arrays over the iterations; ``ops`` holds the
+            first iteration's groups except ``attention``, which holds arrays.
+        """
+        base = self.estimate(shape)
+        if self.ideal or shape.num_prefill_tokens or shape.num_seqs <= 0:
+            return self.estimate(
+                replace(
+                    shape,
+                    kv_read_tokens=kv_read_tokens,
+                    attn_pairs=kv_read_tokens + shape.num_decode_tokens,
+                )
+            )
+        tokens = int(shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens)
+        kvw_bytes, kvw_time, kvw_tm = self._terms(tokens)[5:8]
+        stretch = replace(
+            shape,
+            kv_read_tokens=kv_read_tokens,
+            attn_pairs=kv_read_tokens + shape.num_decode_tokens,
+        )
+        first = base.ops["attention"]
+        attn, _, _ = self._attention_op(stretch, tokens, kvw_bytes, kvw_time, kvw_tm)
+        ops = dict(base.ops)
+        ops["attention"] = attn
+        time = base.time + (attn.time - first.time)
+        flops = base.flops + (attn.flops - first.flops)
+        nbytes = base.bytes + (attn.bytes - first.bytes)
+        kv_bytes = base.kv_bytes + (attn.bytes - first.bytes)
+        # the bound compares the kernels' summed compute and memory times, as in estimate()
+        tc = sum(base.ops[k].compute_time for k in _BOUND_OPS) - first.compute_time
+        tm = sum(base.ops[k].memory_time for k in _BOUND_OPS) - first.memory_time
+        tc = tc + attn.compute_time
+        tm = tm + attn.memory_time
+        return IterationCost(
+            ops,
+            time,
+            flops,
+            nbytes,
+            base.weight_bytes,
+            kv_bytes,
+            nbytes - base.weight_bytes - kv_bytes,
+            tc > tm,
         )
 
     def _attention(

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from batchsim.cost import BatchShape, RooflineCostModel
+from batchsim.cost import RooflineCostModel
 from batchsim.metrics import IterationLog
 from batchsim.request import Request, RequestStatus
 from batchsim.scheduler.interface import Scheduler
@@ -316,17 +316,7 @@ class Engine:
             kv_read = np.minimum(contexts[None, :] + steps[:, None], window).sum(axis=1)
         else:
             kv_read = shape.kv_read_tokens + steps * n
-        cost = self.cost_model.estimate(
-            BatchShape(
-                num_seqs=shape.num_seqs,
-                num_prefill_tokens=0,
-                num_decode_tokens=shape.num_decode_tokens,
-                num_padding_tokens=shape.num_padding_tokens,
-                num_sampled_tokens=shape.num_sampled_tokens,
-                kv_read_tokens=kv_read,
-                attn_pairs=kv_read + shape.num_decode_tokens,
-            )
-        )
+        cost = self.cost_model.estimate_decode_stretch(shape, kv_read)
         gpu = cost.time
         if not isinstance(gpu, np.ndarray) or gpu.shape != (size,):
             gpu = np.full(size, gpu, dtype=float)

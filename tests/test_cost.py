@@ -423,3 +423,45 @@ def test_decode_attention_grows_with_context_and_batch_beyond_the_fixed_costs(cm
     # long contexts stream at close to the achievable memory bandwidth
     kv = 128 * 4096 * 32 * 128 * 2 * 2
     assert kv / bigger == pytest.approx(cm7b.hardware.memory_bandwidth * 0.8, rel=0.25)
+
+
+@pytest.mark.parametrize(
+    ("model", "hardware", "tp", "padding"),
+    [
+        ("llama-2-7b", "a100-80gb", 1, 0),
+        ("llama-3-70b", "h100-sxm", 4, 0),
+        ("mixtral-8x7b", "h100-sxm", 2, 3),
+        ("deepseek-v3", "h200", 8, 0),
+        ("mistral-7b", "l40s", 1, 2),
+    ],
+)
+def test_decode_stretch_equals_pricing_each_iteration(model, hardware, tp, padding):
+    cm = RooflineCostModel(load_model(model), load_hardware(hardware), tp=tp)
+    seqs, context = 24, 900
+    kv_read = seqs * context + seqs * np.arange(300)  # 300 steps crossing several KV blocks
+    first = BatchShape(
+        num_seqs=seqs,
+        num_decode_tokens=seqs,
+        num_padding_tokens=padding,
+        num_sampled_tokens=seqs + padding,
+        kv_read_tokens=int(kv_read[0]),
+        attn_pairs=int(kv_read[0]) + seqs,
+    )
+    stretch = cm.estimate_decode_stretch(first, kv_read)
+    for k in (0, 1, 57, 128, 299):
+        one = cm.estimate(
+            BatchShape(
+                num_seqs=seqs,
+                num_decode_tokens=seqs,
+                num_padding_tokens=padding,
+                num_sampled_tokens=seqs + padding,
+                kv_read_tokens=int(kv_read[k]),
+                attn_pairs=int(kv_read[k]) + seqs,
+            )
+        )
+        for field in ("time", "flops", "bytes", "weight_bytes", "kv_bytes", "activation_bytes"):
+            got = np.broadcast_to(getattr(stretch, field), kv_read.shape)[k]
+            assert got == pytest.approx(getattr(one, field), rel=1e-12), field
+        assert bool(np.broadcast_to(stretch.compute_bound, kv_read.shape)[k]) == bool(
+            one.compute_bound
+        )
