@@ -339,13 +339,17 @@ class Engine:
         """Append the iterations of a priced decode stretch to the log."""
 
         def column(get) -> np.ndarray | float:
+            if len(pieces) == 1:  # the usual case: one priced chunk
+                cost, durations, _, keep = pieces[0]
+                value = get(cost, durations)
+                return value[:keep] if isinstance(value, np.ndarray) else value
             parts = []
             for cost, durations, _, keep in pieces:
                 value = get(cost, durations)
                 if not (isinstance(value, np.ndarray) and value.ndim):
                     value = np.full(keep, value)
                 parts.append(value[:keep])
-            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+            return np.concatenate(parts)
 
         total = len(ends)
         starts = np.empty(total)
