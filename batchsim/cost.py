@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any, Union, overload
 
 import numpy as np
 
@@ -115,6 +115,10 @@ def vceil(x: Num) -> Num:
     return float(math.ceil(x))
 
 
+@overload
+def _smoothmax(a: float, b: float, p: float) -> float: ...
+@overload
+def _smoothmax(a: Num, b: Num, p: float) -> Num: ...
 def _smoothmax(a: Num, b: Num, p: float) -> Num:
     """p-norm ``(a^p + b^p)^(1/p)`` of two non-negative times, computed without overflow."""
     hi = vmax(a, b)
@@ -520,7 +524,7 @@ class RooflineCostModel:
             self._extra_ew_kernels = 2 if m.q_lora_rank else 1  # q_a / kv_a layernorms
             self._extra_ew_elems = 2.0 * ((m.q_lora_rank or 0) + lora)
             # q_a and kv_a are replicated on every rank (not split by tp)
-            replicated = h * ((m.q_lora_rank or 0) + lora + rope)
+            replicated: float = h * ((m.q_lora_rank or 0) + lora + rope)
         else:
             hd = m.head_dim
             kv_heads = math.ceil(m.num_key_value_heads / tp)  # replicated when kv_heads < tp
@@ -940,12 +944,12 @@ class RooflineCostModel:
         ``attention_cta_time``. KV is read in whole 128-token blocks.
         """
         if isinstance(ctx, np.ndarray):  # decode stretch: the time depends on whole blocks
-            blocks = np.maximum(1, np.ceil(ctx / _ATTN_BLOCK_N - 1e-9)).astype(np.int64)
-            if blocks.ndim == 1 and blocks[0] == blocks[-1] and blocks.min() == blocks[0]:
+            nblocks = np.maximum(1, np.ceil(ctx / _ATTN_BLOCK_N - 1e-9)).astype(np.int64)
+            if nblocks.ndim == 1 and nblocks[0] == nblocks[-1] and nblocks.min() == nblocks[0]:
                 # a short stretch stays within one 128-token block count: one scalar price
-                one = self._decode_stream(seqs, int(blocks[0]) * _ATTN_BLOCK_N, split_tokens)
+                one = self._decode_stream(seqs, int(nblocks[0]) * _ATTN_BLOCK_N, split_tokens)
                 return np.full(ctx.shape, one, dtype=float)
-            uniq, inverse = np.unique(blocks, return_inverse=True)
+            uniq, inverse = np.unique(nblocks, return_inverse=True)
             times = [self._decode_stream(seqs, b * _ATTN_BLOCK_N, split_tokens) for b in uniq]
             return np.asarray(times, dtype=float)[inverse].reshape(ctx.shape)
         blocks = max(1, math.ceil(ctx / _ATTN_BLOCK_N - 1e-9))

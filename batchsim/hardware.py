@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from batchsim.catalog import catalog_names, resolve
 from batchsim.errors import ConfigError
@@ -303,7 +304,8 @@ class HardwareProfile:
     def ideal(self) -> HardwareProfile:
         """Same hardware with every efficiency 1 and every floor/overhead (GPU and CPU) 0."""
         eff = {spec.si_name: spec.ideal for spec in EFFICIENCY_KEYS.values()}
-        attrs = {name: value for name, value in eff.items() if name in _PROFILE_FIELDS}
+        # field name -> float; typed Any because mypy checks **kwargs against every field
+        attrs: dict[str, Any] = {k: v for k, v in eff.items() if k in _PROFILE_FIELDS}
         return dataclasses.replace(
             self,
             efficiency=eff,
@@ -405,7 +407,7 @@ def _num(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _describe_error(err: dict[str, Any]) -> tuple[tuple[str, ...], str]:
+def _describe_error(err: ErrorDetails) -> tuple[tuple[str, ...], str]:
     """Turn one pydantic error into (key path, one-line message)."""
     loc = tuple(str(p) for p in err["loc"])
     path = ".".join(loc)

@@ -4,7 +4,7 @@ Owns the per-iteration log (columnar, chunked numpy buffers: a decode stretch of
 is appended as arrays, not K Python rows), the per-request table, and the summary with vLLM
 ``benchmark_serving`` names (``mean_ttft_ms``, ``p99_itl_ms``, ...) plus batchsim's own.
 Percentiles use numpy's default (linear) definition, as vLLM does. Inter-token latencies are
-stored as weighted samples (see :class:`batchsim.scheduler.interface.ItlLog`); the weighted
+stored as weighted samples (see :class:`ItlLog`); the weighted
 percentile below equals ``np.percentile`` of the expanded sample exactly.
 
 This module imports no simpy and no scheduler policy.
@@ -75,47 +75,42 @@ ITERATION_COLUMNS = [
 _CHUNK = 1 << 14
 
 
-class IterationLog:
-    """Append-only columnar log of iterations.
+class ChunkedColumns:
+    """Append-only columns in preallocated numpy chunks (no per-row Python objects).
 
-    Per-iteration values go into preallocated numpy chunks; the batch description is stored
-    once per run of identical iterations (a decode stretch) and expanded when read.
+    Args:
+        dtypes: Column name -> numpy dtype, in row order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dtypes: dict[str, str]):
+        self.dtypes = dtypes
         self._chunks: list[list[np.ndarray]] = []
         self._fill = _CHUNK
-        self._batches: list[tuple] = []
-        self._lengths: list[int] = []
         self.num_rows = 0
 
     def _room(self) -> list[np.ndarray]:
         if self._fill == _CHUNK:
-            self._chunks.append([np.empty(_CHUNK, dtype=t) for t in STEP_COLUMNS.values()])
+            self._chunks.append([np.empty(_CHUNK, dtype=t) for t in self.dtypes.values()])
             self._fill = 0
         return self._chunks[-1]
 
-    def append(self, step: tuple, batch: tuple) -> None:
-        """One iteration: ``step`` in :data:`STEP_COLUMNS` order, ``batch`` in
-        :data:`BATCH_COLUMNS` order."""
+    def append(self, row: tuple) -> None:
+        """One row, values in column order."""
         chunk = self._room()
         i = self._fill
-        for column, value in zip(chunk, step):
+        for column, value in zip(chunk, row):
             column[i] = value
         self._fill += 1
         self.num_rows += 1
-        self._batches.append(batch)
-        self._lengths.append(1)
 
-    def extend(self, step: tuple, batch: tuple, n: int) -> None:
-        """``n`` iterations of one batch; each ``step`` value is an array of length n or a
-        scalar shared by all of them."""
+    def extend(self, values: tuple, n: int) -> None:
+        """``n`` rows; each value is an array of length n or a scalar shared by all rows."""
         done = 0
         while done < n:
             chunk = self._room()
             take = min(n - done, _CHUNK - self._fill)
             lo, hi = self._fill, self._fill + take
-            for column, value in zip(chunk, step):
+            for column, value in zip(chunk, values):
                 if isinstance(value, np.ndarray):
                     column[lo:hi] = value[done : done + take]
                 else:
@@ -123,20 +118,47 @@ class IterationLog:
             self._fill += take
             done += take
         self.num_rows += n
-        self._batches.append(batch)
-        self._lengths.append(n)
 
     def column(self, key: str) -> np.ndarray:
-        if key in BATCH_COLUMNS:
-            index = list(BATCH_COLUMNS).index(key)
-            values = np.array([b[index] for b in self._batches], dtype=BATCH_COLUMNS[key])
-            return np.repeat(values, np.asarray(self._lengths, dtype=np.int64))
-        index = list(STEP_COLUMNS).index(key)
+        index = list(self.dtypes).index(key)
         if not self._chunks:
-            return np.empty(0, dtype=STEP_COLUMNS[key])
+            return np.empty(0, dtype=self.dtypes[key])
         parts = [c[index] for c in self._chunks[:-1]]
         parts.append(self._chunks[-1][index][: self._fill])
         return np.concatenate(parts)
+
+
+class IterationLog:
+    """Append-only columnar log of iterations.
+
+    Per-iteration values go into numpy chunks; the batch description is stored once per run
+    of identical iterations (a decode stretch) with its length, and expanded when read.
+    """
+
+    def __init__(self) -> None:
+        self._steps = ChunkedColumns(STEP_COLUMNS)
+        self._batches = ChunkedColumns({**BATCH_COLUMNS, "length": "i8"})
+
+    @property
+    def num_rows(self) -> int:
+        return self._steps.num_rows
+
+    def append(self, step: tuple, batch: tuple) -> None:
+        """One iteration: ``step`` in :data:`STEP_COLUMNS` order, ``batch`` in
+        :data:`BATCH_COLUMNS` order."""
+        self._steps.append(step)
+        self._batches.append((*batch, 1))
+
+    def extend(self, step: tuple, batch: tuple, n: int) -> None:
+        """``n`` iterations of one batch; each ``step`` value is an array of length n or a
+        scalar shared by all of them."""
+        self._steps.extend(step, n)
+        self._batches.append((*batch, n))
+
+    def column(self, key: str) -> np.ndarray:
+        if key in BATCH_COLUMNS:
+            return np.repeat(self._batches.column(key), self._batches.column("length"))
+        return self._steps.column(key)
 
     def to_columns(self) -> Columns:
         """The log as ``iterations.csv`` columns, plus ``compute_bound`` (bool)."""
@@ -166,6 +188,30 @@ REQUEST_COLUMNS = [
     "status",
     "reject_reason",
 ]
+
+
+class ItlLog:
+    """Inter-token gaps as (time of the later token, gap, how many tokens share it).
+
+    Tokens that share a gap are stored once with a count: a decode stretch of K iterations
+    over B requests adds K-1 rows of count B instead of (K-1) x B rows, so memory grows with
+    iterations, not with tokens.
+    """
+
+    def __init__(self) -> None:
+        self._rows = ChunkedColumns({"time": "f8", "gap": "f8", "count": "i4"})
+
+    def add(self, time: float, gap: float, count: int = 1) -> None:
+        self._rows.append((time, gap, count))
+
+    def extend(self, times: np.ndarray, gaps: np.ndarray, count: int) -> None:
+        """Add ``len(gaps)`` rows sharing one ``count``."""
+        self._rows.extend((times, gaps, count), len(gaps))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All rows as (times, gaps, counts) arrays."""
+        rows = self._rows
+        return rows.column("time"), rows.column("gap"), rows.column("count").astype(np.int64)
 
 
 Columns = dict[str, Any]

@@ -613,6 +613,7 @@ def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
             raise r.error("num_attention_heads", f"must divide hidden_size {hidden}, got {heads}")
         head_dim = hidden // heads
     attention_bias = r.bool_("attention_bias", False)
+    sliding: int | None
     if model_type == "mistral" and "sliding_window" not in r.data:
         sliding = 4096  # MistralConfig default (Mistral-7B-v0.1); newer configs write null
     elif model_type in ("mistral", "mixtral"):

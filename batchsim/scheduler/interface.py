@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from batchsim.cost import BatchShape
 from batchsim.kv_cache import KVCacheManager, num_blocks_for
+from batchsim.metrics import ItlLog
 from batchsim.request import Request, RequestStatus
 from batchsim.scheduler.output import SchedulerOutput
 
@@ -54,41 +55,6 @@ class SchedulerConfig(BaseModel):
     recomputed when it is scheduled again."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Free-form settings for out-of-tree policies (``package.module:Class``)."""
-
-
-class ItlLog:
-    """Inter-token gaps as (time of the later token, gap, how many tokens share it).
-
-    Tokens that share a gap are stored once with a count: a decode stretch of K iterations
-    over B requests adds K-1 rows of count B instead of (K-1) x B rows, so memory grows with
-    iterations, not with tokens.
-    """
-
-    __slots__ = ("_blocks", "count", "time", "value")
-
-    def __init__(self) -> None:
-        self.time: list[float] = []
-        self.value: list[float] = []
-        self.count: list[int] = []
-        self._blocks: list[tuple[np.ndarray, np.ndarray, int]] = []
-
-    def add(self, time: float, gap: float, count: int = 1) -> None:
-        self.time.append(time)
-        self.value.append(gap)
-        self.count.append(count)
-
-    def extend(self, times: np.ndarray, gaps: np.ndarray, count: int) -> None:
-        """Add ``len(gaps)`` rows sharing one ``count``."""
-        self._blocks.append((times, gaps, count))
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """All rows as (times, gaps, counts) arrays."""
-        times = [np.asarray(self.time, dtype=float)] + [b[0] for b in self._blocks]
-        gaps = [np.asarray(self.value, dtype=float)] + [b[1] for b in self._blocks]
-        counts = [np.asarray(self.count, dtype=np.int64)] + [
-            np.full(len(b[1]), b[2], dtype=np.int64) for b in self._blocks
-        ]
-        return np.concatenate(times), np.concatenate(gaps), np.concatenate(counts)
 
 
 class Scheduler(abc.ABC):
