@@ -167,7 +167,7 @@ class IterationLog:
             data[key] = self.column(key)
         with np.errstate(divide="ignore", invalid="ignore"):
             data["arithmetic_intensity"] = data["flops"] / data["bytes"]
-        data["bound"] = np.where(data["compute_bound"], "compute", "memory").astype(object)
+        data["bound"] = np.where(data["compute_bound"], "compute", "memory")
         return data
 
 
