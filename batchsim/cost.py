@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Union, overload
 
 import numpy as np
@@ -340,6 +340,23 @@ fixed overhead)."""
 
 
 @dataclass(frozen=True, slots=True)
+class _Rest:
+    """The groups of an iteration other than attention, summed (see ``_rest``)."""
+
+    ops: dict[str, OpCost]
+    time: float
+    flops: float
+    bytes: float
+    compute_time: float
+    memory_time: float
+    weight_bytes: float
+    kv_written: float
+    kvw_bytes: float
+    kvw_time: float
+    kvw_tm: float
+
+
+@dataclass(frozen=True, slots=True)
 class _Gemm:
     """One (grouped) GEMM of a layer: ``groups`` x [M, k] @ [k, n] with M = rows per group."""
 
@@ -476,6 +493,7 @@ class RooflineCostModel:
         self._build_layers()
         self._cache_t: dict[int, tuple] = {}
         self._cache_s: dict[int, OpCost] = {}
+        self._rest_cache: dict[tuple[int, int], _Rest] = {}
         self._overhead = OpCost(0.0, 0.0, self._launch)
 
     # ----------------------------------------------------------------- construction helpers
@@ -717,44 +735,64 @@ class RooflineCostModel:
         tokens = int(tokens)
         if tokens <= 0:
             return _EMPTY_COST
-        qkv, o, mlp, ew, ar, kvw_bytes, kvw_time, kvw_tm, weight, kv_written = self._terms(tokens)
-        lm = self._lm_head_op(int(sampled)) if sampled > 0 else _ZERO_OP
-
-        attn, kv_read, a_tc = self._attention_op(shape, tokens, kvw_bytes, kvw_time, kvw_tm)
-        a_flops = attn.flops
-        overhead = self._overhead
-
-        ops = {
-            "qkv_proj": qkv,
-            "attention": attn,
-            "o_proj": o,
-            "mlp": mlp,
-            "elementwise": ew,
-            "lm_head": lm,
-            "all_reduce": ar,
-            "overhead": overhead,
-        }
-        time = (
-            qkv.time + attn.time + o.time + mlp.time + ew.time + lm.time + ar.time + overhead.time
+        rest = self._rest(tokens, int(sampled))
+        attn, kv_read, _ = self._attention_op(
+            shape, tokens, rest.kvw_bytes, rest.kvw_time, rest.kvw_tm
         )
-        flops = qkv.flops + a_flops + o.flops + mlp.flops + ew.flops + lm.flops
-        nbytes = qkv.bytes + attn.bytes + o.bytes + mlp.bytes + ew.bytes + lm.bytes
-        weight_bytes = weight + (self._lm_weight if sampled > 0 else 0.0)
-        kv_bytes = kv_read + kv_written
-        tc = qkv.compute_time + a_tc + o.compute_time + mlp.compute_time + ew.compute_time
-        tm = qkv.memory_time + attn.memory_time + o.memory_time + mlp.memory_time
-        tc = tc + lm.compute_time
-        tm = tm + ew.memory_time + lm.memory_time
-        compute_bound = tc > tm
+        return self._combine(rest, attn, kv_read)
+
+    def _rest(self, tokens: int, sampled: int) -> _Rest:
+        """Every group but attention, and their sums (cached per tokens and sampled rows)."""
+        key = (tokens, sampled)
+        cached = self._rest_cache.get(key)
+        if cached is not None:
+            return cached
+        qkv, o, mlp, ew, ar, kvw_bytes, kvw_time, kvw_tm, weight, kv_written = self._terms(tokens)
+        lm = self._lm_head_op(sampled) if sampled > 0 else _ZERO_OP
+        overhead = self._overhead
+        kernels = (qkv, o, mlp, ew, lm)  # the groups whose times decide the bound
+        rest = _Rest(
+            ops={  # in OP_NAMES order; "attention" is filled in by _combine
+                "qkv_proj": qkv,
+                "attention": _ZERO_OP,
+                "o_proj": o,
+                "mlp": mlp,
+                "elementwise": ew,
+                "lm_head": lm,
+                "all_reduce": ar,
+                "overhead": overhead,
+            },
+            time=sum(op.time for op in kernels) + ar.time + overhead.time,
+            flops=sum(op.flops for op in kernels),
+            bytes=sum(op.bytes for op in kernels),
+            compute_time=sum(op.compute_time for op in kernels),
+            memory_time=sum(op.memory_time for op in kernels),
+            weight_bytes=weight + (self._lm_weight if sampled > 0 else 0.0),
+            kv_written=kv_written,
+            kvw_bytes=kvw_bytes,
+            kvw_time=kvw_time,
+            kvw_tm=kvw_tm,
+        )
+        if len(self._rest_cache) < 65536:
+            self._rest_cache[key] = rest
+        return rest
+
+    @staticmethod
+    def _combine(rest: _Rest, attn: OpCost, kv_read: Any) -> IterationCost:
+        """An iteration's cost from its attention group and the rest."""
+        ops = dict(rest.ops)
+        ops["attention"] = attn
+        nbytes = rest.bytes + attn.bytes
+        kv_bytes = kv_read + rest.kv_written
         return IterationCost(
             ops,
-            time,
-            flops,
+            rest.time + attn.time,
+            rest.flops + attn.flops,
             nbytes,
-            weight_bytes,
+            rest.weight_bytes,
             kv_bytes,
-            nbytes - weight_bytes - kv_bytes,
-            compute_bound,
+            nbytes - rest.weight_bytes - kv_bytes,
+            rest.compute_time + attn.compute_time > rest.memory_time + attn.memory_time,
         )
 
     def _attention_op(
@@ -796,45 +834,23 @@ class RooflineCostModel:
             An IterationCost whose totals are arrays over the iterations; ``ops`` holds the
             first iteration's groups except ``attention``, which holds arrays.
         """
-        base = self.estimate(shape)
-        if self.ideal or shape.num_prefill_tokens or shape.num_seqs <= 0:
-            return self.estimate(
-                replace(
-                    shape,
-                    kv_read_tokens=kv_read_tokens,
-                    attn_pairs=kv_read_tokens + shape.num_decode_tokens,
-                )
-            )
-        tokens = int(shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens)
-        kvw_bytes, kvw_time, kvw_tm = self._terms(tokens)[5:8]
-        stretch = replace(
-            shape,
+        stretch = BatchShape(
+            num_seqs=shape.num_seqs,
+            num_prefill_tokens=shape.num_prefill_tokens,
+            num_decode_tokens=shape.num_decode_tokens,
+            num_padding_tokens=shape.num_padding_tokens,
+            num_sampled_tokens=shape.num_sampled_tokens,
             kv_read_tokens=kv_read_tokens,
             attn_pairs=kv_read_tokens + shape.num_decode_tokens,
         )
-        first = base.ops["attention"]
-        attn, _, _ = self._attention_op(stretch, tokens, kvw_bytes, kvw_time, kvw_tm)
-        ops = dict(base.ops)
-        ops["attention"] = attn
-        time = base.time + (attn.time - first.time)
-        flops = base.flops + (attn.flops - first.flops)
-        nbytes = base.bytes + (attn.bytes - first.bytes)
-        kv_bytes = base.kv_bytes + (attn.bytes - first.bytes)
-        # the bound compares the kernels' summed compute and memory times, as in estimate()
-        tc = sum(base.ops[k].compute_time for k in _BOUND_OPS) - first.compute_time
-        tm = sum(base.ops[k].memory_time for k in _BOUND_OPS) - first.memory_time
-        tc = tc + attn.compute_time
-        tm = tm + attn.memory_time
-        return IterationCost(
-            ops,
-            time,
-            flops,
-            nbytes,
-            base.weight_bytes,
-            kv_bytes,
-            nbytes - base.weight_bytes - kv_bytes,
-            tc > tm,
+        tokens = int(shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens)
+        if shape.num_prefill_tokens or tokens <= 0:
+            return self.estimate(stretch)
+        rest = self._rest(tokens, int(shape.num_sampled_tokens))
+        attn, kv_read, _ = self._attention_op(
+            stretch, tokens, rest.kvw_bytes, rest.kvw_time, rest.kvw_tm
         )
+        return self._combine(rest, attn, kv_read)
 
     def _attention(
         self,
