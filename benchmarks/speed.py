@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(("d: continuous 1M", experiment("d", CONTINUOUS, workload_a(1_000_000)), True))
     if args.only:
         cases = [c for c in cases if args.only in c[0]]
+        if not cases:
+            print(f"no case name contains {args.only!r}", file=sys.stderr)
+            return 2
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="batchsim-speed-") as tmp:
