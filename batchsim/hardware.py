@@ -24,6 +24,7 @@ from pydantic_core import ErrorDetails
 
 from batchsim.catalog import catalog_names, resolve
 from batchsim.errors import ConfigError
+from batchsim.yamlio import line_of
 
 __all__ = [
     "CPU_OVERHEAD_DEFAULTS",
@@ -382,26 +383,6 @@ _SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _line_of(text: str, path: tuple[str, ...]) -> int | None:
-    """1-based line of the key at ``path`` in a YAML document, if it can be found."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line = None
-    for part in path:
-        if not isinstance(node, yaml.MappingNode):
-            break
-        for key_node, value_node in node.value:
-            if key_node.value == part:
-                line = key_node.start_mark.line + 1
-                node = value_node
-                break
-        else:
-            break
-    return line
-
-
 def _num(value: Any) -> Any:
     """0.0 -> 0 for messages."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -465,10 +446,10 @@ def _parse(path: Path) -> HardwareProfile:
         loc, message = _describe_error(errors[0])
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more errors)"
-        raise ConfigError(message, source, _line_of(text, loc)) from None
+        raise ConfigError(message, source, line_of(text, loc)) from None
 
     def fail(loc: tuple[str, ...], message: str) -> ConfigError:
-        return ConfigError(message, source, _line_of(text, loc))
+        return ConfigError(message, source, line_of(text, loc))
 
     # efficiency: only the known keys, each validated against its kind.
     efficiency: dict[str, float] = {}
