@@ -16,6 +16,36 @@ from batchsim.request import Request
 from batchsim.scheduler.interface import Scheduler, SchedulerConfig
 from batchsim.scheduler.registry import POLICIES
 
+SUMMARY_KEYS = {
+    # vLLM benchmark_serving names
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "request_goodput",
+    *(
+        f"{stat}_{metric}_ms"
+        for metric in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "std", "p90", "p99")
+    ),
+    # batchsim's own
+    "num_iterations",
+    "mean_batch_size",
+    "num_preemptions",
+    "num_rejected",
+    "mean_queue_delay_ms",
+    "p99_queue_delay_ms",
+    "padding_fraction",
+    "compute_bound_fraction",
+    "max_kv_cache_usage",
+    "wall_time_s",
+    "config",
+}
+"""The summary.json keys users' scripts rely on (architecture.md section 6)."""
+
 
 def create_scheduler(
     policy: str = "continuous",

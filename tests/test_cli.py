@@ -18,6 +18,7 @@ import yaml
 from batchsim import cli
 from batchsim.catalog import catalog_names
 from batchsim.scheduler.registry import POLICIES
+from conftest import SUMMARY_KEYS
 
 OUTPUT_FILES = {"summary.json", "requests.csv", "iterations.csv", "config.yaml"}
 REQUEST_COLUMNS = {
@@ -48,32 +49,6 @@ ITERATION_COLUMNS = {
     "bound",
     "kv_cache_usage",
 }
-SUMMARY_KEYS = {
-    "completed",
-    "duration",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "request_goodput",
-    "num_iterations",
-    "mean_batch_size",
-    "num_preemptions",
-    "num_rejected",
-    "mean_queue_delay_ms",
-    "p99_queue_delay_ms",
-    "padding_fraction",
-    "compute_bound_fraction",
-    "max_kv_cache_usage",
-    "wall_time_s",
-    "config",
-} | {
-    f"{stat}_{metric}_ms"
-    for metric in ("ttft", "tpot", "itl", "e2el")
-    for stat in ("mean", "median", "std", "p90", "p99")
-}
-
 EXPERIMENT = """\
 name: cli-test
 seed: 3

@@ -22,7 +22,7 @@ from batchsim.config import validate_experiment
 from batchsim.engine import Engine
 from batchsim.metrics import weighted_percentiles
 from batchsim.simulation import Result, simulate
-from conftest import capture_engines, tiny_experiment
+from conftest import SUMMARY_KEYS, capture_engines, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 
@@ -499,33 +499,6 @@ def test_closed_loop_without_think_time_has_at_least_the_throughput_of_long_thin
 
 # ----------------------------------------------------------------------------- summary contract
 
-CONTRACT_KEYS = [
-    "completed",
-    "duration",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "request_goodput",
-    *(
-        f"{stat}_{metric}_ms"
-        for metric in ("ttft", "tpot", "itl", "e2el")
-        for stat in ("mean", "median", "std", "p90", "p99")
-    ),
-    "num_iterations",
-    "mean_batch_size",
-    "num_preemptions",
-    "num_rejected",
-    "mean_queue_delay_ms",
-    "p99_queue_delay_ms",
-    "padding_fraction",
-    "compute_bound_fraction",
-    "max_kv_cache_usage",
-    "wall_time_s",
-    "config",
-]
-
 
 @pytest.fixture(scope="module")
 def varied_run() -> Result:
@@ -541,7 +514,7 @@ def varied_run() -> Result:
 
 def test_summary_has_every_contract_key(varied_run):
     summary = varied_run.summary
-    missing = [k for k in CONTRACT_KEYS if k not in summary]
+    missing = [k for k in SUMMARY_KEYS if k not in summary]
     assert not missing
     assert summary["config"]["scheduler"]["policy"] == "chunked_prefill"
     assert summary["num_iterations"] == len(varied_run.iterations)
