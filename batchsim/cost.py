@@ -846,11 +846,66 @@ class RooflineCostModel:
         tokens = int(shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens)
         if shape.num_prefill_tokens or tokens <= 0:
             return self.estimate(stretch)
+        if not self.ideal and len(kv_read_tokens) > 2:
+            flat = self._flat_decode_stretch(shape, kv_read_tokens)
+            if flat is not None:
+                return flat
         rest = self._rest(tokens, int(shape.num_sampled_tokens))
         attn, kv_read, _ = self._attention_op(
             stretch, tokens, rest.kvw_bytes, rest.kvw_time, rest.kvw_tm
         )
         return self._combine(rest, attn, kv_read)
+
+    def _flat_decode_stretch(
+        self, shape: BatchShape, kv_read_tokens: np.ndarray
+    ) -> IterationCost | None:
+        """A decode stretch whose iteration time does not change, or None.
+
+        The decode attention kernel's time depends on the context only through the number of
+        KV blocks each request streams, while FLOPs and bytes are affine in the tokens read.
+        When the first and last iterations take the same time (no block boundary crossed),
+        every iteration does, and the other totals are interpolated between the two ends.
+        """
+
+        def at(kv: int) -> IterationCost:
+            return self.estimate(
+                BatchShape(
+                    num_seqs=shape.num_seqs,
+                    num_decode_tokens=shape.num_decode_tokens,
+                    num_padding_tokens=shape.num_padding_tokens,
+                    num_sampled_tokens=shape.num_sampled_tokens,
+                    kv_read_tokens=kv,
+                    attn_pairs=kv + shape.num_decode_tokens,
+                )
+            )
+
+        lo, hi = int(kv_read_tokens[0]), int(kv_read_tokens[-1])
+        first, last = at(lo), at(hi)
+        if first.time != last.time or hi <= lo:
+            return None
+        frac = (kv_read_tokens - lo) / (hi - lo)
+
+        def line(a: float, b: float) -> np.ndarray:
+            return a + (b - a) * frac
+
+        def bound_times(cost: IterationCost) -> tuple[float, float]:
+            ops = cost.ops
+            return (
+                sum(ops[k].compute_time for k in _BOUND_OPS),
+                sum(ops[k].memory_time for k in _BOUND_OPS),
+            )
+
+        (tc0, tm0), (tc1, tm1) = bound_times(first), bound_times(last)
+        return IterationCost(
+            first.ops,
+            first.time,
+            line(first.flops, last.flops),
+            line(first.bytes, last.bytes),
+            first.weight_bytes,
+            line(first.kv_bytes, last.kv_bytes),
+            line(first.activation_bytes, last.activation_bytes),
+            line(tc0, tc1) > line(tm0, tm1),
+        )
 
     def _attention(
         self,

@@ -295,7 +295,10 @@ class Engine:
             done += size
             start = float(ends[-1])
             chunk *= 4
-        all_ends = np.concatenate([p[2][: p[3]] for p in pieces])
+        if len(pieces) == 1:
+            all_ends = pieces[0][2][: pieces[0][3]]
+        else:
+            all_ends = np.concatenate([p[2][: p[3]] for p in pieces])
         self._record_stretch(output, now, cpu, pieces, all_ends)
         return all_ends.tolist()
 
@@ -339,10 +342,6 @@ class Engine:
         """Append the iterations of a priced decode stretch to the log."""
 
         def column(get) -> np.ndarray | float:
-            if len(pieces) == 1:  # the usual case: one priced chunk
-                cost, durations, _, keep = pieces[0]
-                value = get(cost, durations)
-                return value[:keep] if isinstance(value, np.ndarray) else value
             parts = []
             for cost, durations, _, keep in pieces:
                 value = get(cost, durations)
@@ -368,8 +367,24 @@ class Engine:
             )
             extra = ((np.arange(total)[:, None] + offsets[None, :]) // block).sum(axis=1)
             usage = (kv.num_used_blocks + extra) / kv.num_blocks
-        self.iterations.extend(
-            (
+        if len(pieces) == 1:  # the usual case: one priced chunk
+            cost, durations, _, keep = pieces[0]
+            if keep < len(durations):
+                durations = durations[:keep]
+                cost = _cut_cost(cost, keep)
+            step = (
+                starts,
+                durations * 1e3,
+                cost.time * 1e3,
+                cost.flops,
+                cost.bytes,
+                cost.weight_bytes,
+                cost.kv_bytes,
+                cost.compute_bound,
+                usage,
+            )
+        else:
+            step = (
                 starts,
                 column(lambda c, d: d) * 1e3,
                 column(lambda c, d: c.time) * 1e3,
@@ -379,10 +394,22 @@ class Engine:
                 column(lambda c, d: c.kv_bytes),
                 column(lambda c, d: c.compute_bound),
                 usage,
-            ),
-            self._batch_row(output, cpu),
-            total,
-        )
+            )
+        self.iterations.extend(step, self._batch_row(output, cpu), total)
+
+
+class _Cut:
+    """The first ``keep`` iterations of a stretch's cost (scalars stay scalars)."""
+
+    __slots__ = ("bytes", "compute_bound", "flops", "kv_bytes", "time", "weight_bytes")
+
+
+def _cut_cost(cost, keep: int) -> _Cut:
+    cut = _Cut()
+    for name in _Cut.__slots__:
+        value = getattr(cost, name)
+        setattr(cut, name, value[:keep] if isinstance(value, np.ndarray) else value)
+    return cut
 
 
 _FIRST_CHUNK = 32

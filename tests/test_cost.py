@@ -435,10 +435,11 @@ def test_decode_attention_grows_with_context_and_batch_beyond_the_fixed_costs(cm
         ("mistral-7b", "l40s", 1, 2),
     ],
 )
-def test_decode_stretch_equals_pricing_each_iteration(model, hardware, tp, padding):
+@pytest.mark.parametrize("steps", [300, 20])  # crossing several KV blocks / within one
+def test_decode_stretch_equals_pricing_each_iteration(model, hardware, tp, padding, steps):
     cm = RooflineCostModel(load_model(model), load_hardware(hardware), tp=tp)
     seqs, context = 24, 900
-    kv_read = seqs * context + seqs * np.arange(300)  # 300 steps crossing several KV blocks
+    kv_read = seqs * context + seqs * np.arange(steps)
     first = BatchShape(
         num_seqs=seqs,
         num_decode_tokens=seqs,
@@ -448,7 +449,7 @@ def test_decode_stretch_equals_pricing_each_iteration(model, hardware, tp, paddi
         attn_pairs=int(kv_read[0]) + seqs,
     )
     stretch = cm.estimate_decode_stretch(first, kv_read)
-    for k in (0, 1, 57, 128, 299):
+    for k in sorted({0, 1, steps // 3, steps // 2, steps - 1}):
         one = cm.estimate(
             BatchShape(
                 num_seqs=seqs,
