@@ -25,8 +25,8 @@ Rules, each tested:
   engine is busy back to back, so the iteration costs ``max(cpu, gpu)`` instead of the sum.
 - **Decode stretches.** When ``schedule()`` returns only decodes, the scheduler says how many
   identical iterations may follow (until a request finishes or KV blocks run short); the engine
-  cuts that at the next arrival, cancellation or timer, prices all of them in one vectorized
-  cost-model call and advances in one timeout. The records are those of the individual
+  cuts that at the next arrival, cancellation or timer, prices them in vectorized cost-model
+  calls and advances in one timeout. The records are those of the individual
   iterations. ``fast_forward=False`` runs them one at a time (same results).
 """
 
@@ -41,7 +41,7 @@ import simpy
 
 from batchsim.cost import RooflineCostModel
 from batchsim.metrics import IterationLog
-from batchsim.request import Request, RequestStatus
+from batchsim.request import Request
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 from batchsim.workload import RequestTable
@@ -414,10 +414,3 @@ def _cut_cost(cost, keep: int) -> _Cut:
 
 _FIRST_CHUNK = 32
 """Decode steps priced in the first vectorized call of a stretch (then 4x more per call)."""
-
-
-def final_statuses_ok(requests: list[Request]) -> bool:
-    """Every request ended exactly once (used by tests and as a run-end check)."""
-    return all(r.status.is_final for r in requests) and all(
-        r.status != RequestStatus.FINISHED or r.num_output_tokens == r.max_tokens for r in requests
-    )
