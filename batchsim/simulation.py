@@ -123,13 +123,35 @@ def _arrow_column(values: Any):
     )
 
 
+_CSV_BATCH_ROWS = 1 << 20
+
+
 def write_csv(columns: Columns, names: list[str], path: Path) -> None:
-    """Write ``names`` of ``columns`` as CSV with pyarrow (~10x faster than pandas)."""
+    """Write ``names`` of ``columns`` as CSV with pyarrow (~10x faster than pandas).
+
+    Rows go out in batches of views on the numpy columns, so a run of millions of iterations
+    is written without a second copy of its table in memory.
+    """
     import pyarrow as pa
     import pyarrow.csv as pa_csv
 
-    table = pa.Table.from_arrays([_arrow_column(columns[n]) for n in names], names=names)
-    pa_csv.write_csv(table, path, write_options=pa_csv.WriteOptions(quoting_style="needed"))
+    num_rows = len(columns[names[0]])
+    options = pa_csv.WriteOptions(quoting_style="needed")
+    schema = None
+    writer = None
+    try:
+        for lo in range(0, max(num_rows, 1), _CSV_BATCH_ROWS):
+            hi = min(lo + _CSV_BATCH_ROWS, num_rows)
+            arrays = [_arrow_column(np.asarray(columns[n])[lo:hi]) for n in names]
+            batch = pa.RecordBatch.from_arrays(arrays, names=names)
+            if writer is None:
+                schema = batch.schema
+                writer = pa_csv.CSVWriter(str(path), schema, write_options=options)
+            writer.write_batch(batch)
+    finally:
+        if writer is not None:
+            writer.close()
+    assert schema is not None
 
 
 def _jsonable(value: Any) -> Any:
