@@ -243,6 +243,19 @@ class BatchShape:
             attn_pairs=pairs,
         )
 
+    def with_decode_context(self, kv_read_tokens: Any) -> BatchShape:
+        """This decode batch with ``kv_read_tokens`` cached tokens read (a number, or an array
+        over the iterations of a decode stretch); each decode computes one more pair."""
+        return BatchShape(
+            num_seqs=self.num_seqs,
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_decode_tokens=self.num_decode_tokens,
+            num_padding_tokens=self.num_padding_tokens,
+            num_sampled_tokens=self.num_sampled_tokens,
+            kv_read_tokens=kv_read_tokens,
+            attn_pairs=kv_read_tokens + self.num_decode_tokens,
+        )
+
     @classmethod
     def decode(cls, batch_size: int, context_len: int, window: int | None = None) -> BatchShape:
         """``batch_size`` decoding requests, each with ``context_len`` cached tokens."""
@@ -834,15 +847,7 @@ class RooflineCostModel:
             An IterationCost whose totals are arrays over the iterations; ``ops`` holds the
             first iteration's groups except ``attention``, which holds arrays.
         """
-        stretch = BatchShape(
-            num_seqs=shape.num_seqs,
-            num_prefill_tokens=shape.num_prefill_tokens,
-            num_decode_tokens=shape.num_decode_tokens,
-            num_padding_tokens=shape.num_padding_tokens,
-            num_sampled_tokens=shape.num_sampled_tokens,
-            kv_read_tokens=kv_read_tokens,
-            attn_pairs=kv_read_tokens + shape.num_decode_tokens,
-        )
+        stretch = shape.with_decode_context(kv_read_tokens)
         tokens = int(shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens)
         if shape.num_prefill_tokens or tokens <= 0:
             return self.estimate(stretch)
@@ -868,16 +873,7 @@ class RooflineCostModel:
         """
 
         def at(kv: int) -> IterationCost:
-            return self.estimate(
-                BatchShape(
-                    num_seqs=shape.num_seqs,
-                    num_decode_tokens=shape.num_decode_tokens,
-                    num_padding_tokens=shape.num_padding_tokens,
-                    num_sampled_tokens=shape.num_sampled_tokens,
-                    kv_read_tokens=kv,
-                    attn_pairs=kv + shape.num_decode_tokens,
-                )
-            )
+            return self.estimate(shape.with_decode_context(kv))
 
         lo, hi = int(kv_read_tokens[0]), int(kv_read_tokens[-1])
         first, last = at(lo), at(hi)
