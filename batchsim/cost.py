@@ -46,6 +46,7 @@ Must not import simpy, nor anything about requests, schedulers or the engine: on
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -320,7 +321,8 @@ class IterationCost:
         weight_bytes: Weight bytes read (each weight once per iteration; MoE: touched experts).
         kv_bytes: KV-cache bytes read and written.
         activation_bytes: The rest of ``bytes`` (activations in and out of kernels).
-        compute_bound: Summed compute time exceeds summed memory time.
+        compute_time: Summed compute time of the kernels (not the link or fixed overhead), s.
+        memory_time: Summed memory time of the same kernels, s.
     """
 
     ops: dict[str, OpCost]
@@ -330,7 +332,13 @@ class IterationCost:
     weight_bytes: Any
     kv_bytes: Any
     activation_bytes: Any
-    compute_bound: Any
+    compute_time: Any
+    memory_time: Any
+
+    @property
+    def compute_bound(self) -> Any:
+        """Summed compute time exceeds summed memory time."""
+        return self.compute_time > self.memory_time
 
     @property
     def intensity(self) -> Any:
@@ -345,11 +353,19 @@ class IterationCost:
         return "compute" if self.compute_bound else "memory"
 
 
-# --------------------------------------------------------------------------- the model
+@dataclass(frozen=True, slots=True)
+class DecodeSlopes:
+    """Growth of an iteration's totals per extra cached token read by a decode row
+    (see :attr:`RooflineCostModel.decode_token_slopes`)."""
 
-_BOUND_OPS = ("qkv_proj", "attention", "o_proj", "mlp", "elementwise", "lm_head")
-"""Groups whose compute and memory times decide an iteration's bound (not the link or the
-fixed overhead)."""
+    flops: float
+    bytes: float
+    kv_bytes: float
+    compute_time: float
+    memory_time: float
+
+
+# --------------------------------------------------------------------------- the model
 
 
 @dataclass(frozen=True, slots=True)
@@ -805,7 +821,8 @@ class RooflineCostModel:
             rest.weight_bytes,
             kv_bytes,
             nbytes - rest.weight_bytes - kv_bytes,
-            rest.compute_time + attn.compute_time > rest.memory_time + attn.memory_time,
+            rest.compute_time + attn.compute_time,
+            rest.memory_time + attn.memory_time,
         )
 
     def _attention_op(
@@ -851,57 +868,52 @@ class RooflineCostModel:
         tokens = int(shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens)
         if shape.num_prefill_tokens or tokens <= 0:
             return self.estimate(stretch)
-        if not self.ideal and len(kv_read_tokens) > 2:
-            flat = self._flat_decode_stretch(shape, kv_read_tokens)
-            if flat is not None:
-                return flat
         rest = self._rest(tokens, int(shape.num_sampled_tokens))
         attn, kv_read, _ = self._attention_op(
             stretch, tokens, rest.kvw_bytes, rest.kvw_time, rest.kvw_tm
         )
         return self._combine(rest, attn, kv_read)
 
-    def _flat_decode_stretch(
-        self, shape: BatchShape, kv_read_tokens: np.ndarray
-    ) -> IterationCost | None:
-        """A decode stretch whose iteration time does not change, or None.
+    @functools.cached_property
+    def decode_token_slopes(self) -> DecodeSlopes:
+        """How an iteration's totals grow per extra cached token a decode row reads.
 
-        The decode attention kernel's time depends on the context only through the number of
-        KV blocks each request streams, while FLOPs and bytes are affine in the tokens read.
-        When the first and last iterations take the same time (no block boundary crossed),
-        every iteration does, and the other totals are interpolated between the two ends.
+        In a decode iteration only the attention group depends on the context, and its
+        FLOPs (one pair per cached token), bytes (the token's K and V in every layer) and
+        compute/memory times are linear in the tokens read. Its *time* is not: the kernel
+        streams whole KV blocks (see :meth:`decode_run`).
         """
-
-        def at(kv: int) -> IterationCost:
-            return self.estimate(shape.with_decode_context(kv))
-
-        lo, hi = int(kv_read_tokens[0]), int(kv_read_tokens[-1])
-        first, last = at(lo), at(hi)
-        if first.time != last.time or hi <= lo:
-            return None
-        frac = (kv_read_tokens - lo) / (hi - lo)
-
-        def line(a: float, b: float) -> np.ndarray:
-            return a + (b - a) * frac
-
-        def bound_times(cost: IterationCost) -> tuple[float, float]:
-            ops = cost.ops
-            return (
-                sum(ops[k].compute_time for k in _BOUND_OPS),
-                sum(ops[k].memory_time for k in _BOUND_OPS),
-            )
-
-        (tc0, tm0), (tc1, tm1) = bound_times(first), bound_times(last)
-        return IterationCost(
-            first.ops,
-            first.time,
-            line(first.flops, last.flops),
-            line(first.bytes, last.bytes),
-            first.weight_bytes,
-            line(first.kv_bytes, last.kv_bytes),
-            line(first.activation_bytes, last.activation_bytes),
-            line(tc0, tc1) > line(tm0, tm1),
+        L = self._layers
+        kv = L * self._kv_elems_layer * self._kvb
+        return DecodeSlopes(
+            flops=L * self._attn_flops_pair,
+            bytes=kv,
+            kv_bytes=kv,
+            compute_time=L * self._attn_flops_pair / self._attn_peak,
+            memory_time=kv / self._bw,
         )
+
+    def decode_run(self, shape: BatchShape) -> tuple[IterationCost, int]:
+        """Cost of the decode iteration ``shape``, and for how many consecutive iterations
+        from it (each request one token further along) the iteration time stays the same.
+
+        Iteration k of the run reads ``shape.kv_read_tokens + k x num_seqs`` cached tokens;
+        its totals are those of ``shape`` plus ``k x num_seqs`` times
+        :attr:`decode_token_slopes`, and its time equals ``shape``'s. The time changes when the
+        mean context enters a new block of the attention kernel, or (``ideal``) every step.
+        ``shape`` must be decode-only with one token per request and no sliding window cut
+        inside the run (the caller's responsibility).
+        """
+        cost = self.estimate(shape)
+        n = shape.num_seqs
+        if self.ideal or n <= 0:
+            return cost, 1
+        # The kernel reads ceil((kv + n) / (n x block)) blocks per request (mean context
+        # kv / n plus the new token); count the steps before that number grows.
+        span = n * _ATTN_BLOCK_N
+        kv = int(shape.kv_read_tokens)
+        blocks = -(-(kv + n) // span)
+        return cost, max(1, (span * blocks - kv) // n)
 
     def _attention(
         self,
@@ -1094,7 +1106,8 @@ class RooflineCostModel:
             stack(lambda c: c.weight_bytes),
             stack(lambda c: c.kv_bytes),
             stack(lambda c: c.activation_bytes),
-            np.array([bool(c.compute_bound) for c in parts]),
+            stack(lambda c: c.compute_time),
+            stack(lambda c: c.memory_time),
         )
 
     @property
@@ -1209,5 +1222,5 @@ class RooflineCostModel:
 
 
 _EMPTY_COST = IterationCost(
-    {name: _ZERO_OP for name in OP_NAMES}, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False
+    {name: _ZERO_OP for name in OP_NAMES}, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
 )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -43,7 +44,7 @@ from batchsim.cost import RooflineCostModel
 from batchsim.metrics import IterationLog
 from batchsim.request import Request
 from batchsim.scheduler.interface import Scheduler
-from batchsim.scheduler.output import SchedulerOutput
+from batchsim.scheduler.output import SchedulerOutput, StepTimes
 from batchsim.workload import RequestTable
 
 
@@ -155,7 +156,7 @@ class Engine:
         self.options = options
         self.source = ArrivalSource(table)
         self.requests: list[Request] = []
-        self.iterations = IterationLog()
+        self.iterations = IterationLog(cost_model.decode_token_slopes)
         self._cancels: list[tuple[float, int, Request]] = []
         self._last_end = -math.inf
         self.env = simpy.Environment()
@@ -217,14 +218,13 @@ class Engine:
                 continue
             num_steps = scheduler.max_repeat_steps(output) if self.options.fast_forward else 1
             if num_steps > 1:
-                ends = self._price_stretch(output, now, num_steps)
+                times = self._price_stretch(output, now, num_steps)
             else:
-                ends = [self._price_step(output, now)]
-            end = ends[-1]
-            yield env.timeout(end - now)
-            self._last_end = end
-            for request in scheduler.update_from_output(output, ends):
-                source.on_left(request, end)
+                times = self._price_step(output, now)
+            yield env.timeout(times.last_end - now)
+            self._last_end = env.now
+            for request in scheduler.update_from_output(output, times):
+                source.on_left(request, times.last_end)
 
     def _batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
         """The :data:`~batchsim.metrics.BATCH_COLUMNS` of an iteration."""
@@ -242,7 +242,7 @@ class Engine:
             len(output.preempted),
         )
 
-    def _price_step(self, output: SchedulerOutput, now: float) -> float:
+    def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
         cost = self.cost_model.estimate(output.shape)
         cpu = self._cpu_time(output.num_seqs)
         gpu = cost.time
@@ -253,28 +253,113 @@ class Engine:
         self.iterations.append(
             (
                 now,
-                duration * 1e3,
+                1,
+                duration,
                 gpu * 1e3,
                 cost.flops,
                 cost.bytes,
                 cost.weight_bytes,
                 cost.kv_bytes,
-                bool(cost.compute_bound),
-                self.scheduler.kv_cache.usage,
+                cost.compute_time - cost.memory_time,
+                *self._batch_row(output, cpu),
             ),
-            self._batch_row(output, cpu),
+            self.scheduler.kv_cache.usage,
         )
-        return now + duration
+        end = now + duration
+        return StepTimes(end, end)
 
-    def _price_stretch(self, output: SchedulerOutput, now: float, num_steps: int) -> list[float]:
-        """Price up to ``num_steps`` identical decode iterations; stop at the first one that
-        ends at or after the next external event. Returns the end times of those kept.
+    def _price_stretch(self, output: SchedulerOutput, now: float, num_steps: int) -> StepTimes:
+        """Run up to ``num_steps`` identical decode iterations; stop at the first one that
+        ends at or after the next external event.
 
-        Step k (0-based) differs from step 0 only in context: every request has k more cached
-        tokens, so attention reads ``k x num_seqs`` more KV tokens (fewer once a sliding
-        window caps a context). Steps are priced in vectorized chunks (most stretches end
-        within the first one, at the next arrival or completion).
+        Step k differs from step 0 only in context: every request has k more cached tokens.
+        The cost model says for how many steps the iteration time stays the same (until the
+        attention kernel streams one more KV block); each such run is priced and logged once.
         """
+        requests = output.requests
+        window = self.scheduler.window
+        if self.cost_model.ideal or (
+            window is not None and max(r.num_computed_tokens for r in requests) + num_steps > window
+        ):
+            return self._price_stretch_arrays(output, now, num_steps)
+        shape = output.shape
+        n = len(requests)
+        cpu = self._cpu_time(n)
+        event = self._next_event_time(now)
+        batch = self._batch_row(output, cpu)
+        overlap = self.options.async_scheduling
+        back_to_back = now == self._last_end
+        runs: list[tuple] = []
+        later: list[tuple[float, float, int, int]] = []
+        start = now
+        done = 0
+        while done < num_steps:
+            at = shape if done == 0 else shape.with_decode_context(shape.kv_read_tokens + n * done)
+            cost, same = self.cost_model.decode_run(at)
+            gpu = cost.time
+            if not overlap:
+                duration = cpu + gpu
+            elif done == 0 and not back_to_back:  # nothing to hide the first CPU step behind
+                duration, same = cpu + gpu, 1
+            else:
+                duration = cpu if cpu > gpu else gpu
+            if done == 0 and output.preempted:  # evictions belong to the first step only
+                same = 1
+            elif done == 1 and output.preempted:
+                batch = (*batch[:-1], 0)
+            steps = min(same, num_steps - done)
+            cut = start + duration * steps >= event
+            if cut:
+                steps = _steps_until(start, duration, event, steps)
+            runs.append(
+                (
+                    start,
+                    steps,
+                    duration,
+                    gpu * 1e3,
+                    cost.flops,
+                    cost.bytes,
+                    cost.weight_bytes,
+                    cost.kv_bytes,
+                    cost.compute_time - cost.memory_time,
+                    *batch,
+                )
+            )
+            # the ends of this run are start + j x duration, j = 1..steps
+            if done:
+                later.append((start, duration, 1, steps))
+            elif steps > 1:  # the stretch's first end is StepTimes.first_end
+                later.append((start, duration, 2, steps))
+            start = start + duration * steps
+            done += steps
+            if cut:
+                break
+        self.iterations.add_runs(runs, self._stretch_usage(requests, done))
+        return StepTimes(now + runs[0][2], start, done, later)
+
+    def _stretch_usage(self, requests: list[Request], num_steps: int) -> np.ndarray | float:
+        """KV-cache usage at each step of a decode stretch of ``requests``.
+
+        Blocks are allocated lazily, one per block_size tokens: a request with c cached
+        tokens needs floor((c mod block_size + k) / block_size) more blocks by step k.
+        """
+        kv = self.scheduler.kv_cache
+        if self.scheduler.reserves_full_sequence:
+            return kv.usage
+        block = kv.block_size
+        n = len(requests)
+        offsets = np.fromiter((r.num_computed_tokens for r in requests), np.int64, n) % block
+        at_least = np.zeros(block + 1, dtype=np.int64)  # at_least[j] = #{offset >= j}
+        at_least[:block] = np.bincount(offsets, minlength=block)[::-1].cumsum()[::-1]
+        k = np.arange(num_steps)
+        extra = n * (k // block) + at_least[block - k % block]
+        return (kv.num_used_blocks + extra) / kv.num_blocks
+
+    def _price_stretch_arrays(
+        self, output: SchedulerOutput, now: float, num_steps: int
+    ) -> StepTimes:
+        """:meth:`_price_stretch` for contexts that a sliding window caps (or the ideal
+        roofline): steps priced in vectorized chunks and logged one by one."""
         cpu = self._cpu_time(len(output.requests))
         event = self._next_event_time(now)
         pieces: list[tuple] = []
@@ -286,21 +371,46 @@ class Engine:
             cost, durations = self._stretch_chunk(output, cpu, done, size, start == self._last_end)
             ends = np.cumsum(durations)
             ends += start
+            keep = size
             if event < ends[-1]:
                 keep = int(np.searchsorted(ends, event, side="left")) + 1
-                pieces.append((cost, durations, ends, keep))
-                done += keep
+            starts = np.concatenate(([start], ends[: keep - 1]))
+            pieces.append((starts, cost, durations, ends, keep))
+            done += keep
+            if keep < size:
                 break
-            pieces.append((cost, durations, ends, size))
-            done += size
             start = float(ends[-1])
             chunk *= 4
-        if len(pieces) == 1:
-            all_ends = pieces[0][2][: pieces[0][3]]
-        else:
-            all_ends = np.concatenate([p[2][: p[3]] for p in pieces])
-        self._record_stretch(output, now, cpu, pieces, all_ends)
-        return all_ends.tolist()
+        batch = self._batch_row(output, cpu)
+        usage = self._stretch_usage(output.requests, done)
+        offset = 0
+        for starts, cost, durations, _, keep in pieces:
+            preempted = np.zeros(keep, dtype=np.int64)
+            if offset == 0:  # evictions belong to the first step only
+                preempted[0] = len(output.preempted)
+
+            def cut(value: Any, keep: int = keep) -> Any:
+                return value[:keep] if isinstance(value, np.ndarray) and value.ndim else value
+
+            self.iterations.extend(
+                (
+                    starts,
+                    1,
+                    cut(durations),
+                    cut(cost.time) * 1e3,
+                    cut(cost.flops),
+                    cut(cost.bytes),
+                    cut(cost.weight_bytes),
+                    cut(cost.kv_bytes),
+                    cut(cost.compute_time - cost.memory_time),
+                    *batch[:-1],
+                    preempted,
+                ),
+                keep,
+                usage[offset : offset + keep] if isinstance(usage, np.ndarray) else usage,
+            )
+            offset += keep
+        return StepTimes.from_ends(np.concatenate([p[3][: p[4]] for p in pieces]))
 
     def _stretch_chunk(
         self, output: SchedulerOutput, cpu: float, first: int, size: int, back_to_back: bool
@@ -331,85 +441,18 @@ class Engine:
             durations = gpu + cpu
         return cost, durations
 
-    def _record_stretch(
-        self,
-        output: SchedulerOutput,
-        now: float,
-        cpu: float,
-        pieces: list[tuple],
-        ends: np.ndarray,
-    ) -> None:
-        """Append the iterations of a priced decode stretch to the log."""
 
-        def column(get) -> np.ndarray | float:
-            parts = []
-            for cost, durations, _, keep in pieces:
-                value = get(cost, durations)
-                if not (isinstance(value, np.ndarray) and value.ndim):
-                    value = np.full(keep, value)
-                parts.append(value[:keep])
-            return np.concatenate(parts)
-
-        total = len(ends)
-        starts = np.empty(total)
-        starts[0] = now
-        starts[1:] = ends[:-1]
-        kv = self.scheduler.kv_cache
-        if self.scheduler.reserves_full_sequence:
-            usage: float | np.ndarray = kv.usage
-        else:
-            # Blocks are allocated lazily, one per block_size tokens: a request with c cached
-            # tokens needs floor((c mod block_size + k) / block_size) more blocks by step k.
-            block = kv.block_size
-            requests = output.requests
-            offsets = np.fromiter(
-                (r.num_computed_tokens % block for r in requests), np.int64, len(requests)
-            )
-            extra = ((np.arange(total)[:, None] + offsets[None, :]) // block).sum(axis=1)
-            usage = (kv.num_used_blocks + extra) / kv.num_blocks
-        if len(pieces) == 1:  # the usual case: one priced chunk
-            cost, durations, _, keep = pieces[0]
-            if keep < len(durations):
-                durations = durations[:keep]
-                cost = _cut_cost(cost, keep)
-            step = (
-                starts,
-                durations * 1e3,
-                cost.time * 1e3,
-                cost.flops,
-                cost.bytes,
-                cost.weight_bytes,
-                cost.kv_bytes,
-                cost.compute_bound,
-                usage,
-            )
-        else:
-            step = (
-                starts,
-                column(lambda c, d: d) * 1e3,
-                column(lambda c, d: c.time) * 1e3,
-                column(lambda c, d: c.flops),
-                column(lambda c, d: c.bytes),
-                column(lambda c, d: c.weight_bytes),
-                column(lambda c, d: c.kv_bytes),
-                column(lambda c, d: c.compute_bound),
-                usage,
-            )
-        self.iterations.extend(step, self._batch_row(output, cpu), total)
-
-
-class _Cut:
-    """The first ``keep`` iterations of a stretch's cost (scalars stay scalars)."""
-
-    __slots__ = ("bytes", "compute_bound", "flops", "kv_bytes", "time", "weight_bytes")
-
-
-def _cut_cost(cost, keep: int) -> _Cut:
-    cut = _Cut()
-    for name in _Cut.__slots__:
-        value = getattr(cost, name)
-        setattr(cut, name, value[:keep] if isinstance(value, np.ndarray) else value)
-    return cut
+def _steps_until(start: float, duration: float, event: float, most: int) -> int:
+    """The first step j in 1..most whose end ``start + duration x j`` is at or after
+    ``event`` (the caller knows step ``most`` is)."""
+    if duration <= 0:
+        return most
+    j = min(most, max(1, math.ceil((event - start) / duration)))
+    while j > 1 and start + duration * (j - 1) >= event:
+        j -= 1
+    while j < most and start + duration * j < event:
+        j += 1
+    return j
 
 
 _FIRST_CHUNK = 32

@@ -13,25 +13,32 @@ This module imports no simpy and no scheduler policy.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from batchsim.cost import DecodeSlopes
 from batchsim.request import Request, RequestStatus
 
-STEP_COLUMNS: dict[str, str] = {
+RUN_COLUMNS: dict[str, str] = {
     "start_time_s": "f8",
-    "duration_ms": "f8",
+    "num_steps": "i4",
+    "duration_s": "f8",
     "gpu_time_ms": "f8",
     "flops": "f8",
     "bytes": "f8",
     "weight_bytes": "f8",
     "kv_bytes": "f8",
-    "compute_bound": "?",
-    "kv_cache_usage": "f4",
+    "bound_margin_s": "f8",
 }
-"""Columns that change from one iteration to the next inside a decode stretch."""
+"""Columns of one run of identical iterations, as of its first iteration.
+
+``bound_margin_s`` is compute time minus memory time (> 0: compute-bound). Iteration k of a
+run starts ``k x duration_s`` after the run and, being a decode step that reads
+``k x num_decode_seqs`` more cached tokens, adds that many times the cost model's
+:class:`~batchsim.cost.DecodeSlopes` to ``flops``, ``bytes``, ``kv_bytes`` and the margin.
+"""
 
 BATCH_COLUMNS: dict[str, str] = {
     "cpu_time_ms": "f8",
@@ -45,7 +52,7 @@ BATCH_COLUMNS: dict[str, str] = {
     "num_output_tokens": "i4",
     "num_preempted": "i4",
 }
-"""Columns that describe the batch, constant across a decode stretch."""
+"""Columns that describe the batch, the same for every iteration of a run."""
 
 ITERATION_COLUMNS = [
     "iteration",
@@ -84,6 +91,7 @@ class ChunkedColumns:
 
     def __init__(self, dtypes: dict[str, str]):
         self.dtypes = dtypes
+        self._index = {key: i for i, key in enumerate(dtypes)}
         self._chunks: list[list[np.ndarray]] = []
         self._fill = _CHUNK
         self.num_rows = 0
@@ -119,56 +127,184 @@ class ChunkedColumns:
             done += take
         self.num_rows += n
 
-    def column(self, key: str) -> np.ndarray:
-        index = list(self.dtypes).index(key)
-        if not self._chunks:
+    def column(self, key: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows ``lo:hi`` of one column (all rows by default), as one array."""
+        index = self._index[key]
+        hi = self.num_rows if hi is None else min(hi, self.num_rows)
+        if hi <= lo:
             return np.empty(0, dtype=self.dtypes[key])
-        parts = [c[index] for c in self._chunks[:-1]]
-        parts.append(self._chunks[-1][index][: self._fill])
+        first, last = lo // _CHUNK, (hi - 1) // _CHUNK
+        if first == last:
+            return self._chunks[first][index][lo - first * _CHUNK : hi - first * _CHUNK]
+        parts = [self._chunks[first][index][lo - first * _CHUNK :]]
+        parts += [c[index] for c in self._chunks[first + 1 : last]]
+        parts.append(self._chunks[last][index][: hi - last * _CHUNK])
         return np.concatenate(parts)
 
 
-class IterationLog:
-    """Append-only columnar log of iterations.
+class Labels:
+    """A text column stored as small integer codes into ``labels`` (written without a
+    Python string per row)."""
 
-    Per-iteration values go into numpy chunks; the batch description is stored once per run
-    of identical iterations (a decode stretch) with its length, and expanded when read.
+    def __init__(self, codes: np.ndarray, labels: tuple[str, ...]):
+        self.codes = codes
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, index: slice) -> Labels:
+        return Labels(self.codes[index], self.labels)
+
+    def strings(self) -> np.ndarray:
+        return np.asarray(self.labels, dtype=object)[self.codes]
+
+
+_WINDOW_ROWS = 1 << 20
+"""Most iterations expanded at once when the log is read in windows."""
+
+
+class IterationLog:
+    """Append-only columnar log of iterations, stored as runs.
+
+    A run is one iteration, or consecutive decode iterations of one batch that take the same
+    time (a decode stretch is one or a few runs): one row of :data:`RUN_COLUMNS` and
+    :data:`BATCH_COLUMNS`, whatever its length. Only the KV-cache usage is kept per
+    iteration. Reading expands the runs, in windows of at most about a million iterations so
+    that even runs of tens of millions of iterations are summarized and written in bounded
+    memory.
+
+    Args:
+        slopes: Per-token growth of a decode iteration's totals (the cost model's
+            :attr:`~batchsim.cost.RooflineCostModel.decode_token_slopes`); needed only if
+            runs longer than one iteration are added.
     """
 
-    def __init__(self) -> None:
-        self._steps = ChunkedColumns(STEP_COLUMNS)
-        self._batches = ChunkedColumns({**BATCH_COLUMNS, "length": "i8"})
+    def __init__(self, slopes: DecodeSlopes | None = None) -> None:
+        self.slopes = slopes
+        self._runs = ChunkedColumns({**RUN_COLUMNS, **BATCH_COLUMNS})
+        self._usage = ChunkedColumns({"kv_cache_usage": "f4"})
 
     @property
     def num_rows(self) -> int:
-        return self._steps.num_rows
+        """Iterations logged."""
+        return self._usage.num_rows
 
-    def append(self, step: tuple, batch: tuple) -> None:
-        """One iteration: ``step`` in :data:`STEP_COLUMNS` order, ``batch`` in
-        :data:`BATCH_COLUMNS` order."""
-        self._steps.append(step)
-        self._batches.append((*batch, 1))
+    def append(self, run: tuple, kv_cache_usage: float) -> None:
+        """One iteration: ``run`` in :data:`RUN_COLUMNS` + :data:`BATCH_COLUMNS` order with
+        ``num_steps`` 1."""
+        self._runs.append(run)
+        self._usage.append((kv_cache_usage,))
 
-    def extend(self, step: tuple, batch: tuple, n: int) -> None:
-        """``n`` iterations of one batch; each ``step`` value is an array of length n or a
-        scalar shared by all of them."""
-        self._steps.extend(step, n)
-        self._batches.append((*batch, n))
+    def add_runs(self, runs: list[tuple], kv_cache_usage: np.ndarray | float) -> None:
+        """Runs of one decode stretch, in order, and the usage of each of their iterations."""
+        assert self.slopes is not None or all(r[1] == 1 for r in runs)
+        for run in runs:
+            self._runs.append(run)
+        num_steps = sum(r[1] for r in runs)
+        self._usage.extend((kv_cache_usage,), num_steps)
 
-    def column(self, key: str) -> np.ndarray:
-        if key in BATCH_COLUMNS:
-            return np.repeat(self._batches.column(key), self._batches.column("length"))
-        return self._steps.column(key)
+    def extend(self, values: tuple, n: int, kv_cache_usage: np.ndarray | float) -> None:
+        """``n`` single iterations; each value (column order as in :meth:`append`) is an
+        array of length n or a scalar shared by all of them."""
+        self._runs.extend(values, n)
+        self._usage.extend((kv_cache_usage,), n)
+
+    def windows(self, max_rows: int = _WINDOW_ROWS) -> Iterator[Columns]:
+        """The iterations, in order, as column tables of at most about ``max_rows`` rows
+        (``iterations.csv`` columns with ``bound`` as :class:`Labels`, plus
+        ``compute_bound``)."""
+        runs = self._runs
+        num_runs = runs.num_rows
+        lo = row = 0
+        while lo < num_runs:
+            steps = runs.column("num_steps", lo, min(num_runs, lo + max_rows)).astype(np.int64)
+            ends = np.cumsum(steps)
+            hi = lo + max(1, int(np.searchsorted(ends, max_rows, side="right")))
+            total = int(ends[hi - lo - 1])
+            yield self._expand(lo, hi, steps[: hi - lo], row, total)
+            row += total
+            lo = hi
+
+    def _expand(self, lo: int, hi: int, steps: np.ndarray, row: int, total: int) -> Columns:
+        runs = self._runs
+        run_of = np.repeat(np.arange(hi - lo), steps)
+        k = np.arange(total, dtype=np.int64)
+        k -= np.repeat(np.cumsum(steps) - steps, steps)
+        step = k.astype(float)
+
+        def expand(key: str) -> np.ndarray:
+            return runs.column(key, lo, hi)[run_of]
+
+        data: Columns = {"iteration": np.arange(row, row + total)}
+        duration = expand("duration_s")
+        data["start_time_s"] = expand("start_time_s") + duration * step
+        data["duration_ms"] = duration * 1e3
+        data["cpu_time_ms"] = expand("cpu_time_ms")
+        data["gpu_time_ms"] = expand("gpu_time_ms")
+        for key in BATCH_COLUMNS:
+            if key != "cpu_time_ms":
+                data[key] = expand(key)
+        grow = data["num_decode_seqs"] * step  # extra cached tokens read at step k
+        slopes = self.slopes
+        flops, nbytes, kv_bytes = expand("flops"), expand("bytes"), expand("kv_bytes")
+        margin = expand("bound_margin_s")
+        if slopes is not None:
+            flops += grow * slopes.flops
+            nbytes += grow * slopes.bytes
+            kv_bytes += grow * slopes.kv_bytes
+            margin += grow * (slopes.compute_time - slopes.memory_time)
+        data["flops"] = flops
+        data["bytes"] = nbytes
+        with np.errstate(divide="ignore", invalid="ignore"):
+            data["arithmetic_intensity"] = flops / nbytes
+        data["weight_bytes"] = expand("weight_bytes")
+        data["kv_bytes"] = kv_bytes
+        data["compute_bound"] = margin > 0
+        data["bound"] = Labels(data["compute_bound"].astype(np.int8), ("memory", "compute"))
+        data["kv_cache_usage"] = self._usage.column("kv_cache_usage", row, row + total)
+        return data
 
     def to_columns(self) -> Columns:
-        """The log as ``iterations.csv`` columns, plus ``compute_bound`` (bool)."""
-        data: Columns = {"iteration": np.arange(self.num_rows)}
-        for key in (*STEP_COLUMNS, *BATCH_COLUMNS):
-            data[key] = self.column(key)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            data["arithmetic_intensity"] = data["flops"] / data["bytes"]
-        data["bound"] = np.where(data["compute_bound"], "compute", "memory")
+        """The whole log as ``iterations.csv`` columns (``bound`` as strings), plus
+        ``compute_bound`` (bool)."""
+        parts = list(self.windows())
+        if not parts:
+            parts = [self._expand(0, 0, np.empty(0, dtype=np.int64), 0, 0)]
+        data: Columns = {}
+        for key in parts[0]:
+            if key == "bound":
+                continue
+            data[key] = np.concatenate([p[key] for p in parts])
+        data["bound"] = np.where(data["compute_bound"], "compute", "memory").astype(object)
         return data
+
+    def totals(self, lo: float = -math.inf, hi: float = math.inf) -> dict[str, float]:
+        """Sums over the iterations starting inside [lo, hi], for the summary:
+        ``num_iterations`` (all), ``num_counted`` (inside) and, over those inside, the sums
+        of :data:`_SUMMED` and ``num_compute_bound``."""
+        out = dict.fromkeys(("num_iterations", "num_counted", *_SUMMED, "num_compute_bound"), 0.0)
+        trimmed = lo > -math.inf or hi < math.inf
+        for window in self.windows():
+            start = window["start_time_s"]
+            out["num_iterations"] += len(start)
+            inside: Any = (start >= lo) & (start <= hi) if trimmed else slice(None)
+            out["num_counted"] += len(start[inside])
+            for key in _SUMMED:
+                out[key] += float(window[key][inside].sum(dtype=float))
+            out["num_compute_bound"] += float(np.count_nonzero(window["compute_bound"][inside]))
+        return out
+
+
+_SUMMED = (
+    "num_seqs",
+    "num_slots",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_padding_tokens",
+    "cpu_time_ms",
+    "duration_ms",
+)
 
 
 REQUEST_COLUMNS = [
@@ -191,27 +327,85 @@ REQUEST_COLUMNS = [
 
 
 class ItlLog:
-    """Inter-token gaps as (time of the later token, gap, how many tokens share it).
+    """Inter-token gaps as runs: gaps of equal length ``gap`` ending at ``time + j x gap`` for
+    ``j`` in ``first..last``, each shared by ``count`` tokens.
 
-    Tokens that share a gap are stored once with a count: a decode stretch of K iterations
-    over B requests adds K-1 rows of count B instead of (K-1) x B rows, so memory grows with
-    iterations, not with tokens.
+    Tokens that share a gap are stored once with a count, and a decode stretch of K
+    iterations over B requests adds one run of count B per distinct iteration time instead
+    of (K-1) x B rows, so memory grows with runs, not with tokens. The end times are those
+    the engine computed (the same expression), so a gap ending exactly at a request's
+    finish time compares equal to it.
     """
 
     def __init__(self) -> None:
-        self._rows = ChunkedColumns({"time": "f8", "gap": "f8", "count": "i4"})
+        self._rows = ChunkedColumns(
+            {"time": "f8", "gap": "f8", "count": "i4", "first": "i4", "last": "i4"}
+        )
 
     def add(self, time: float, gap: float, count: int = 1) -> None:
-        self._rows.append((time, gap, count))
+        """``count`` tokens whose gap ``gap`` ended at ``time``."""
+        self._rows.append((time, gap, count, 0, 0))
+
+    def add_run(self, start: float, gap: float, count: int, first: int, last: int) -> None:
+        """``count`` tokens per gap ending at ``start + j x gap``, j = ``first..last``."""
+        self._rows.append((start, gap, count, first, last))
 
     def extend(self, times: np.ndarray, gaps: np.ndarray, count: int) -> None:
-        """Add ``len(gaps)`` rows sharing one ``count``."""
-        self._rows.extend((times, gaps, count), len(gaps))
+        """Add ``len(gaps)`` single gaps sharing one ``count``."""
+        self._rows.extend((times, gaps, count, 0, 0), len(gaps))
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """All rows as (times, gaps, counts) arrays."""
+    def samples(self, lo: float = -math.inf, hi: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
+        """(gaps, weights) of the gaps ending inside [lo, hi]."""
         rows = self._rows
-        return rows.column("time"), rows.column("gap"), rows.column("count").astype(np.int64)
+        gap = rows.column("gap")
+        first = rows.column("first").astype(np.int64)
+        last = rows.column("last").astype(np.int64)
+        if lo > -math.inf or hi < math.inf:
+            start = rows.column("time")
+            first = np.maximum(first, _first_index_at_least(start, gap, lo, first, last))
+            last = np.minimum(last, _last_index_at_most(start, gap, hi, first, last))
+        weight = rows.column("count").astype(np.int64) * np.maximum(0, last - first + 1)
+        keep = weight > 0
+        return gap[keep], weight[keep]
+
+
+def _first_index_at_least(
+    start: np.ndarray, gap: np.ndarray, bound: float, first: np.ndarray, last: np.ndarray
+) -> np.ndarray:
+    """Per row, the least j in first..last (or last + 1) with ``start + j x gap >= bound``,
+    evaluated with the engine's own expression (a division only gives a first guess)."""
+    if bound == -math.inf:
+        return first
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        guess = np.ceil((bound - start) / gap)
+    # a zero gap: every end is ``start``
+    guess = np.where(gap > 0, guess, np.where(start >= bound, first, last + 1))
+    j = np.clip(guess, first, last + 1).astype(np.int64)
+    while True:  # step from the guess (usually off by at most one) to the exact index
+        down = (j > first) & (start + gap * (j - 1) >= bound)
+        up = (j <= last) & (start + gap * j < bound)
+        if not (down.any() or up.any()):
+            return j
+        j = j - down + up
+
+
+def _last_index_at_most(
+    start: np.ndarray, gap: np.ndarray, bound: float, first: np.ndarray, last: np.ndarray
+) -> np.ndarray:
+    """Per row, the greatest j in first..last (or first - 1) with ``start + j x gap <=
+    bound``."""
+    if bound == math.inf:
+        return last
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        guess = np.floor((bound - start) / gap)
+    guess = np.where(gap > 0, guess, np.where(start <= bound, last, first - 1))
+    j = np.clip(guess, first - 1, last).astype(np.int64)
+    while True:
+        up = (j < last) & (start + gap * (j + 1) <= bound)
+        down = (j >= first) & (start + gap * j > bound)
+        if not (down.any() or up.any()):
+            return j
+        j = j - down + up
 
 
 Columns = dict[str, Any]
@@ -290,10 +484,8 @@ def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> 
 
 def summarize(
     requests: Columns,
-    iterations: Columns,
-    itl_time: np.ndarray,
-    itl_value: np.ndarray,
-    itl_count: np.ndarray,
+    iterations: IterationLog,
+    itl: ItlLog,
     *,
     num_preemptions: int,
     max_kv_cache_usage: float,
@@ -350,43 +542,35 @@ def summarize(
         # Gaps are not attributed to requests: keep those that ended inside the window
         # spanned by the counted requests (first counted arrival .. last counted finish).
         end = float(done["finish_time_s"].max()) if completed else hi
-        keep = (itl_time >= lo) & (itl_time <= end)
-        itl_value, itl_count = itl_value[keep], itl_count[keep]
+        itl_value, itl_count = itl.samples(lo, end)
+    else:
+        itl_value, itl_count = itl.samples()
     out.update(_stats("itl", itl_value * 1e3, itl_count))
     out.update(_stats("e2el", done["e2el_ms"]))
 
-    it = iterations
-    if trimmed:
-        start = it["start_time_s"]
-        it = _rows(it, (start >= lo) & (start <= hi))
-    num_iter = len(it["start_time_s"])
-    computed_tokens = (
-        it["num_prefill_tokens"].sum()
-        + it["num_decode_tokens"].sum()
-        + it["num_padding_tokens"].sum()
-    )
-    slots = it["num_slots"].sum()
+    it = iterations.totals(lo, hi) if trimmed else iterations.totals()
+    num_iter = it["num_counted"]
+    computed_tokens = it["num_prefill_tokens"] + it["num_decode_tokens"] + it["num_padding_tokens"]
+    slots = it["num_slots"]
     queue = req["queue_delay_ms"]
     queue = queue[~np.isnan(queue)]
     out.update(
         {
-            "num_iterations": len(iterations["start_time_s"]),
-            "mean_batch_size": float(it["num_seqs"].mean()) if num_iter else math.nan,
+            "num_iterations": int(it["num_iterations"]),
+            "mean_batch_size": it["num_seqs"] / num_iter if num_iter else math.nan,
             "num_preemptions": int(num_preemptions),
             "num_rejected": int((req["status"] == "rejected").sum()),
             "num_cancelled": int((req["status"] == "cancelled").sum()),
             "mean_queue_delay_ms": float(queue.mean()) if queue.size else math.nan,
             "p99_queue_delay_ms": float(np.percentile(queue, 99)) if queue.size else math.nan,
-            "padding_fraction": float(it["num_padding_tokens"].sum() / computed_tokens)
+            "padding_fraction": it["num_padding_tokens"] / computed_tokens
             if computed_tokens
             else 0.0,
-            "empty_slot_fraction": float(1 - it["num_seqs"].sum() / slots) if slots else 0.0,
-            "compute_bound_fraction": float(it["compute_bound"].mean()) if num_iter else 0.0,
+            "empty_slot_fraction": 1 - it["num_seqs"] / slots if slots else 0.0,
+            "compute_bound_fraction": it["num_compute_bound"] / num_iter if num_iter else 0.0,
             "max_kv_cache_usage": float(max_kv_cache_usage),
-            "cpu_overhead_fraction": float(it["cpu_time_ms"].sum() / it["duration_ms"].sum())
-            if num_iter
-            else 0.0,
-            "busy_fraction": float(it["duration_ms"].sum() / 1e3 / duration) if duration else 0.0,
+            "cpu_overhead_fraction": it["cpu_time_ms"] / it["duration_ms"] if num_iter else 0.0,
+            "busy_fraction": it["duration_ms"] / 1e3 / duration if duration else 0.0,
         }
     )
     return out

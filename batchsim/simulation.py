@@ -15,7 +15,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,8 @@ from batchsim.metrics import (
     ITERATION_COLUMNS,
     REQUEST_COLUMNS,
     Columns,
+    IterationLog,
+    Labels,
     requests_columns,
     summarize,
 )
@@ -54,14 +56,19 @@ class Result:
         config: The resolved experiment.
         notes: Things the user should know (e.g. keys the chosen policy ignores).
         request_columns: ``requests.csv`` as numpy columns.
-        iteration_columns: ``iterations.csv`` as numpy columns (plus ``compute_bound``).
+        iteration_log: The per-iteration log; :attr:`iteration_columns` expands it.
     """
 
     summary: dict[str, Any]
     config: ExperimentConfig
     request_columns: Columns
-    iteration_columns: Columns
+    iteration_log: IterationLog
     notes: list[str] = field(default_factory=list)
+
+    @functools.cached_property
+    def iteration_columns(self) -> Columns:
+        """``iterations.csv`` as numpy columns (plus ``compute_bound``)."""
+        return self.iteration_log.to_columns()
 
     @functools.cached_property
     def requests(self) -> pd.DataFrame:
@@ -86,8 +93,8 @@ class Result:
             (tmp / "summary.json").write_text(
                 json.dumps(_jsonable(self.summary), indent=2) + "\n", encoding="utf-8"
             )
-            write_csv(self.request_columns, REQUEST_COLUMNS, tmp / "requests.csv")
-            write_csv(self.iteration_columns, ITERATION_COLUMNS, tmp / "iterations.csv")
+            write_csv([self.request_columns], REQUEST_COLUMNS, tmp / "requests.csv")
+            write_csv(self.iteration_log.windows(), ITERATION_COLUMNS, tmp / "iterations.csv")
             (tmp / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
             target.mkdir(exist_ok=True)
             for name in OUTPUT_FILES:
@@ -108,6 +115,11 @@ def _arrow_column(values: Any):
     """
     import pyarrow as pa
 
+    if isinstance(values, Labels):
+        codes = np.ascontiguousarray(values.codes, dtype=np.int32)
+        return pa.DictionaryArray.from_arrays(
+            _arrow_column(codes), _arrow_column(np.asarray(values.labels, dtype=object))
+        ).cast(pa.string())
     array = np.asarray(values)
     kind = array.dtype.str[1:]
     if kind in _ARROW_TYPES:
@@ -126,32 +138,38 @@ def _arrow_column(values: Any):
 _CSV_BATCH_ROWS = 1 << 20
 
 
-def write_csv(columns: Columns, names: list[str], path: Path) -> None:
-    """Write ``names`` of ``columns`` as CSV with pyarrow (~10x faster than pandas).
+def write_csv(tables: Iterable[Columns], names: list[str], path: Path) -> None:
+    """Write ``names`` of consecutive column ``tables`` as one CSV, with pyarrow (~10x
+    faster than pandas).
 
-    Rows go out in batches of views on the numpy columns, so a run of millions of iterations
-    is written without a second copy of its table in memory.
+    Rows go out in record batches of views on the numpy columns, so a run of millions of
+    iterations is written without a second copy of its table in memory.
     """
     import pyarrow as pa
     import pyarrow.csv as pa_csv
 
-    num_rows = len(columns[names[0]])
     options = pa_csv.WriteOptions(quoting_style="needed")
-    schema = None
     writer = None
     try:
-        for lo in range(0, max(num_rows, 1), _CSV_BATCH_ROWS):
-            hi = min(lo + _CSV_BATCH_ROWS, num_rows)
-            arrays = [_arrow_column(np.asarray(columns[n])[lo:hi]) for n in names]
-            batch = pa.RecordBatch.from_arrays(arrays, names=names)
-            if writer is None:
-                schema = batch.schema
-                writer = pa_csv.CSVWriter(str(path), schema, write_options=options)
-            writer.write_batch(batch)
+        for columns in tables:
+            num_rows = len(columns[names[0]])
+            for lo in range(0, max(num_rows, 1), _CSV_BATCH_ROWS):
+                hi = min(lo + _CSV_BATCH_ROWS, num_rows)
+                arrays = [_arrow_column(_rows_of(columns[n], lo, hi)) for n in names]
+                batch = pa.RecordBatch.from_arrays(arrays, names=names)
+                if writer is None:
+                    writer = pa_csv.CSVWriter(str(path), batch.schema, write_options=options)
+                if hi > lo or num_rows == 0:
+                    writer.write_batch(batch)
     finally:
         if writer is not None:
             writer.close()
-    assert schema is not None
+    if writer is None:  # no table at all: a header-only file
+        path.write_text(",".join(names) + "\n", encoding="utf-8")
+
+
+def _rows_of(values: Any, lo: int, hi: int) -> Any:
+    return values[lo:hi] if isinstance(values, Labels) else np.asarray(values)[lo:hi]
 
 
 def _jsonable(value: Any) -> Any:
@@ -251,14 +269,11 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     engine = Engine(scheduler, setup.cost_model, table, options)
     engine.run()
     requests = requests_columns(engine.requests)
-    iterations = engine.iterations.to_columns()
-    itl_time, itl_gap, itl_count = scheduler.itl.arrays()
+    iterations = engine.iterations
     summary = summarize(
         requests,
         iterations,
-        itl_time,
-        itl_gap,
-        itl_count,
+        scheduler.itl,
         num_preemptions=scheduler.num_preemptions,
         max_kv_cache_usage=kv.max_used_blocks / kv.num_blocks,
         slo=config.slo.model_dump() if config.slo else None,

@@ -426,6 +426,55 @@ def test_decode_attention_grows_with_context_and_batch_beyond_the_fixed_costs(cm
 
 
 @pytest.mark.parametrize(
+    ("model", "hardware", "tp", "padding", "seqs", "context"),
+    [
+        ("llama-2-7b", "a100-80gb", 1, 0, 128, 700),
+        ("llama-2-7b", "a100-80gb", 1, 0, 1, 0),
+        ("llama-3-70b", "h100-sxm", 4, 0, 37, 2049),
+        ("mixtral-8x7b", "h100-sxm", 2, 3, 5, 126),
+        ("deepseek-v3", "h200", 8, 0, 64, 300),
+    ],
+)
+def test_decode_run_time_is_flat_until_the_next_kv_block_and_totals_grow_by_the_slopes(
+    model, hardware, tp, padding, seqs, context
+):
+    # decode_run says how many consecutive decode steps take the same time; every other
+    # total grows by decode_token_slopes per extra cached token read.
+    cm = RooflineCostModel(load_model(model), load_hardware(hardware), tp=tp)
+    slopes = cm.decode_token_slopes
+
+    def shape(kv: int) -> BatchShape:
+        return BatchShape(
+            num_seqs=seqs,
+            num_decode_tokens=seqs,
+            num_padding_tokens=padding,
+            num_sampled_tokens=seqs + padding,
+            kv_read_tokens=kv,
+            attn_pairs=kv + seqs,
+        )
+
+    kv = seqs * context
+    checked_runs = 0
+    while checked_runs < 4:
+        first, same = cm.decode_run(shape(kv))
+        assert 1 <= same <= 128
+        # the run ends exactly where the mean context (plus the new token) enters one more
+        # 128-token block of the attention kernel
+        blocks = [-(-(kv + k * seqs + seqs) // (128 * seqs)) for k in range(same + 1)]
+        assert blocks[:-1] == [blocks[0]] * same and blocks[-1] == blocks[0] + 1
+        for k in range(same):
+            one = cm.estimate(shape(kv + k * seqs))
+            assert one.time == first.time
+            grown = k * seqs
+            for field in ("flops", "bytes", "kv_bytes", "compute_time", "memory_time"):
+                expect = getattr(first, field) + grown * getattr(slopes, field)
+                assert getattr(one, field) == pytest.approx(expect, rel=1e-12), field
+            assert one.weight_bytes == first.weight_bytes
+        kv += same * seqs
+        checked_runs += 1
+
+
+@pytest.mark.parametrize(
     ("model", "hardware", "tp", "padding"),
     [
         ("llama-2-7b", "a100-80gb", 1, 0),

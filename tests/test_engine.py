@@ -297,9 +297,33 @@ def assert_summaries_match(a: dict[str, Any], b: dict[str, Any], rel: float = 1e
         assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel), (key, x, y)
 
 
+def assert_same_run(fast: Result, slow: Result) -> None:
+    """Two runs agree iteration by iteration and request by request (to 1e-9)."""
+    assert_summaries_match(fast.summary, slow.summary)
+    assert len(fast.iterations) == len(slow.iterations)
+    for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens"):
+        np.testing.assert_allclose(fast.requests[column], slow.requests[column], rtol=1e-9)
+    for column in fast.iterations.columns:
+        a, b = fast.iterations[column].to_numpy(), slow.iterations[column].to_numpy()
+        if a.dtype.kind in "fc":
+            rtol = 1e-6 if column == "kv_cache_usage" else 1e-9  # float32 column
+            np.testing.assert_allclose(a, b, rtol=rtol, err_msg=column)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=column)
+
+
+def count_stretches(run: Any) -> tuple[Any, int]:
+    """``run()``'s result and how many decode stretches it advanced in one go."""
+    price_stretch = Engine._price_stretch
+    with mock.patch.object(Engine, "_price_stretch", autospec=True, side_effect=price_stretch) as m:
+        result = run()
+    return result, m.call_count
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("num_gpu_blocks", [None, 40])
-def test_fast_forward_off_gives_the_same_summary(policy, num_gpu_blocks):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_fast_forward_off_gives_the_same_run(policy, num_gpu_blocks, async_scheduling):
     # Decode stretches must be exact: the same run, iteration by iteration, agrees to 1e-9,
     # with arrivals, cancellations, completions and (small KV cache) preemptions cutting them.
     workload = poisson(
@@ -315,25 +339,37 @@ def test_fast_forward_off_gives_the_same_summary(policy, num_gpu_blocks):
         "max_num_batched_tokens": 256,
         "max_wait_ms": 30,
     }
-    engine: dict[str, Any] = {} if num_gpu_blocks is None else {"num_gpu_blocks": num_gpu_blocks}
-    price_stretch = Engine._price_stretch
-    with mock.patch.object(Engine, "_price_stretch", autospec=True, side_effect=price_stretch) as m:
-        fast = sim(experiment(workload, scheduler, engine))
-        num_stretches = m.call_count
-        slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
-    assert num_stretches > 0 and m.call_count == num_stretches  # only the fast run skips ahead
+    engine: dict[str, Any] = {"async_scheduling": async_scheduling}
+    if num_gpu_blocks is not None:
+        engine["num_gpu_blocks"] = num_gpu_blocks
+    metrics = {"warmup_s": 0.5, "cooldown_s": 0.5}  # trimming cuts through stretches
+    fast, num_stretches = count_stretches(
+        lambda: sim(experiment(workload, scheduler, engine, metrics=metrics))
+    )
+    slow, slow_stretches = count_stretches(
+        lambda: sim(
+            experiment(workload, scheduler, {**engine, "fast_forward": False}, metrics=metrics)
+        )
+    )
+    assert num_stretches > 0 and slow_stretches == 0  # only the fast run skips ahead
     if num_gpu_blocks is not None and policy in ("continuous", "chunked_prefill"):
         assert slow.summary["num_preemptions"] > 0
-    assert_summaries_match(fast.summary, slow.summary)
-    assert len(fast.iterations) == len(slow.iterations)
-    for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens"):
-        np.testing.assert_allclose(fast.requests[column], slow.requests[column], rtol=1e-9)
-    np.testing.assert_allclose(
-        fast.iterations["duration_ms"], slow.iterations["duration_ms"], rtol=1e-9
-    )
-    np.testing.assert_allclose(
-        fast.iterations["kv_cache_usage"], slow.iterations["kv_cache_usage"], rtol=1e-6
-    )
+    assert_same_run(fast, slow)
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_fast_forward_is_exact_when_a_sliding_window_caps_the_context(policy):
+    # Mistral-7B attends to the last 4096 tokens: decode stretches that grow past the window
+    # read a capped context, and their runs of equal time are no longer linear.
+    workload = poisson(12, 4.0, uniform(3900, 4090), uniform(20, 400))
+    scheduler = {"policy": policy, "max_num_seqs": 4, "max_num_batched_tokens": 8192}
+    data = experiment(workload, scheduler, model="mistral-7b")
+    capped = Engine._price_stretch_arrays
+    with mock.patch.object(Engine, "_price_stretch_arrays", autospec=True, side_effect=capped) as m:
+        fast = sim(data)
+    slow = sim(experiment(workload, scheduler, {"fast_forward": False}, model="mistral-7b"))
+    assert m.call_count > 0  # some stretches grew past the window
+    assert_same_run(fast, slow)
 
 
 # ----------------------------------------------------------------------------- the knee

@@ -21,14 +21,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from batchsim.cost import BatchShape
 from batchsim.kv_cache import KVCacheManager, num_blocks_for
 from batchsim.metrics import ItlLog
 from batchsim.request import Request, RequestStatus
-from batchsim.scheduler.output import SchedulerOutput
+from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
 
 class SchedulerConfig(BaseModel):
@@ -167,15 +166,18 @@ class Scheduler(abc.ABC):
         return max(1, steps)
 
     def update_from_output(
-        self, output: SchedulerOutput, step_end_times: Sequence[float]
+        self, output: SchedulerOutput, times: StepTimes | Sequence[float]
     ) -> list[Request]:
-        """Apply ``len(step_end_times)`` iterations of ``output``; return finished requests.
+        """Apply ``output``'s iterations, ending at ``times``; return finished requests.
 
-        More than one end time is allowed only for a decode-only output and no more than
-        :meth:`max_repeat_steps` allowed.
+        More than one iteration is allowed only for a decode-only output and no more than
+        :meth:`max_repeat_steps` allowed. ``times`` may be the end of every iteration.
         """
-        num_steps = len(step_end_times)
-        end = step_end_times[-1]
+        if not isinstance(times, StepTimes):
+            times = StepTimes.from_ends(times)
+        num_steps = times.num_steps
+        end = times.last_end
+        first_end = times.first_end
         finished: list[Request] = []
         # Requests that emitted their previous token together share one gap: group them.
         gaps: dict[float, int] = {}
@@ -216,13 +218,15 @@ class Scheduler(abc.ABC):
                     assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     finished.append(request)
             self.kv_cache.take(new_blocks)
-        first_end = step_end_times[0]
         itl = self.itl
         for last, count in gaps.items():
             itl.add(first_end, first_end - last, count)
         if num_steps > 1:
-            ends = np.asarray(step_end_times, dtype=float)
-            itl.extend(ends[1:], np.diff(ends), len(output.requests))
+            n = len(output.requests)
+            for start, gap, first, last in times.later:
+                itl.add_run(start, gap, n, first, last)
+            if times.later_arrays is not None:
+                itl.extend(*times.later_arrays, n)
         for request in finished:
             request.status = RequestStatus.FINISHED
             request.finish_time = end

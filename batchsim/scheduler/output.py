@@ -5,7 +5,10 @@ This module imports only :mod:`batchsim.request` and :mod:`batchsim.cost`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from batchsim.cost import BatchShape
 from batchsim.request import Request
@@ -52,3 +55,32 @@ class SchedulerOutput:
 
 
 EMPTY_SHAPE = BatchShape(num_seqs=0)
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """When the iterations of one scheduled batch end.
+
+    Usually one iteration; a decode stretch runs several identical ones. The ends after the
+    first are held as runs of equal spacing, so a stretch of hundreds of iterations costs
+    the scheduler O(runs), not O(iterations).
+    """
+
+    first_end: float
+    last_end: float
+    num_steps: int = 1
+    later: list[tuple[float, float, int, int]] = field(default_factory=list)
+    """Ends after the first, as runs ``(start, spacing, j0, j1)``: the ends
+    ``start + j x spacing`` for j = j0..j1."""
+    later_arrays: tuple[np.ndarray, np.ndarray] | None = None
+    """Or as arrays (ends, gaps to the previous end)."""
+
+    @classmethod
+    def from_ends(cls, ends: Sequence[float] | np.ndarray) -> StepTimes:
+        """From the end time of every iteration."""
+        n = len(ends)
+        if n == 1:
+            end = float(ends[0])
+            return cls(end, end)
+        array = np.asarray(ends, dtype=float)
+        return cls(float(array[0]), float(array[-1]), n, later_arrays=(array[1:], np.diff(array)))
