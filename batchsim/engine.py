@@ -33,6 +33,7 @@ Rules, each tested:
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -347,12 +348,13 @@ class Engine:
         if self.scheduler.reserves_full_sequence:
             return kv.usage
         block = kv.block_size
+        counts = [0] * (block + 1)
+        for r in requests:
+            counts[r.num_computed_tokens % block] += 1
+        at_least = list(itertools.accumulate(reversed(counts)))[::-1]  # #{offset >= j}
         n = len(requests)
-        offsets = np.fromiter((r.num_computed_tokens for r in requests), np.int64, n) % block
-        at_least = np.zeros(block + 1, dtype=np.int64)  # at_least[j] = #{offset >= j}
-        at_least[:block] = np.bincount(offsets, minlength=block)[::-1].cumsum()[::-1]
         k = np.arange(num_steps)
-        extra = n * (k // block) + at_least[block - k % block]
+        extra = n * (k // block) + np.array(at_least)[block - k % block]
         return (kv.num_used_blocks + extra) / kv.num_blocks
 
     def _price_stretch_arrays(

@@ -80,10 +80,17 @@ ITERATION_COLUMNS = [
 """Columns of ``iterations.csv``, in order (``bound`` is compute|memory)."""
 
 _CHUNK = 1 << 14
+_PENDING = 4096
+"""Rows and blocks buffered before they are moved into the numpy chunks."""
+_BLOCK = object()
+"""Marks an ``extend()`` block among buffered rows."""
 
 
 class ChunkedColumns:
-    """Append-only columns in preallocated numpy chunks (no per-row Python objects).
+    """Append-only columns in preallocated numpy chunks (no per-row Python objects kept).
+
+    Single rows are buffered as tuples and moved into the chunks column by column in bulk
+    (a tuple append is ~40x cheaper than writing each field into numpy).
 
     Args:
         dtypes: Column name -> numpy dtype, in row order.
@@ -94,7 +101,13 @@ class ChunkedColumns:
         self._index = {key: i for i, key in enumerate(dtypes)}
         self._chunks: list[list[np.ndarray]] = []
         self._fill = _CHUNK
-        self.num_rows = 0
+        self._stored = 0
+        self._pending: list[tuple] = []  # rows, and (values, n) blocks from extend()
+        self._pending_rows = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self._stored + self._pending_rows
 
     def _room(self) -> list[np.ndarray]:
         if self._fill == _CHUNK:
@@ -104,15 +117,50 @@ class ChunkedColumns:
 
     def append(self, row: tuple) -> None:
         """One row, values in column order."""
-        chunk = self._room()
-        i = self._fill
-        for column, value in zip(chunk, row):
-            column[i] = value
-        self._fill += 1
-        self.num_rows += 1
+        self._pending.append(row)
+        self._pending_rows += 1
+        if len(self._pending) >= _PENDING:
+            self._flush()
 
     def extend(self, values: tuple, n: int) -> None:
         """``n`` rows; each value is an array of length n or a scalar shared by all rows."""
+        self._pending.append((_BLOCK, values, n))
+        self._pending_rows += n
+        if len(self._pending) >= _PENDING or self._pending_rows >= _CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        total, self._pending_rows = self._pending_rows, 0
+        dtypes = list(self.dtypes.values())
+        pieces: list[list[np.ndarray]] = [[] for _ in dtypes]
+        rows: list[tuple] = []
+
+        def close_rows() -> None:
+            if rows:
+                for piece, values, dtype in zip(pieces, zip(*rows), dtypes):
+                    piece.append(np.array(values, dtype=dtype))
+                rows.clear()
+
+        for item in pending:
+            if item and item[0] is _BLOCK:
+                close_rows()
+                _, values, n = item
+                for piece, value, dtype in zip(pieces, values, dtypes):
+                    if isinstance(value, np.ndarray) and value.ndim:
+                        piece.append(value[:n])
+                    else:
+                        piece.append(np.full(n, value, dtype=dtype))
+            else:
+                rows.append(item)
+        close_rows()
+        columns = tuple(p[0] if len(p) == 1 else np.concatenate(p) for p in pieces)
+        self._store(columns, total)
+
+    def _store(self, values: tuple, n: int) -> None:
         done = 0
         while done < n:
             chunk = self._room()
@@ -125,10 +173,11 @@ class ChunkedColumns:
                     column[lo:hi] = value
             self._fill += take
             done += take
-        self.num_rows += n
+        self._stored += n
 
     def column(self, key: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Rows ``lo:hi`` of one column (all rows by default), as one array."""
+        self._flush()
         index = self._index[key]
         hi = self.num_rows if hi is None else min(hi, self.num_rows)
         if hi <= lo:
