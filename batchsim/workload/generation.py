@@ -1,0 +1,143 @@
+"""Drawing the requests of a run: :func:`generate` and the :class:`RequestTable` it returns.
+
+Owns the split of ``numpy.random.SeedSequence(seed)`` into the child streams (arrivals, prompt
+lengths, output lengths, cancellations, think times, in that order) and the assembly of
+synthetic or trace-replayed requests into parallel numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from batchsim.errors import ConfigError
+from batchsim.workload.config import WorkloadConfig
+from batchsim.workload.traces import load_trace
+
+
+@dataclass(frozen=True, eq=False)
+class RequestTable:
+    """All requests of one run, as parallel numpy arrays (index = request id).
+
+    Treat the arrays as read-only; copy before modifying.
+    """
+
+    arrival_time: np.ndarray
+    """float64 seconds, non-decreasing; NaN for closed loop (the engine decides)."""
+    prompt_tokens: np.ndarray
+    """int64 >= 1."""
+    output_tokens: np.ndarray
+    """int64 >= 1."""
+    cancel_after: np.ndarray | None = None
+    """float64 seconds after arrival when the client disconnects (inf = never), or None."""
+    think_time: np.ndarray | None = None
+    """Closed loop: seconds a user waits after its previous request finished, else None."""
+    concurrency: int | None = None
+    """Closed loop: number of users, else None."""
+    prefix_hash_ids: list | None = field(default=None)
+    """Mooncake ``hash_ids`` per request (512-token prefix blocks), else None."""
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_tokens)
+        assert len(self.arrival_time) == n and len(self.output_tokens) == n, "length mismatch"
+        for name in ("cancel_after", "think_time", "prefix_hash_ids"):
+            value = getattr(self, name)
+            assert value is None or len(value) == n, f"{name} length mismatch"
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def num_requests(self) -> int:
+        """Number of requests."""
+        return len(self.prompt_tokens)
+
+
+def _child_rngs(seed: int) -> dict[str, np.random.Generator]:
+    names = ("arrival", "prompt", "output", "cancel", "think")
+    children = np.random.SeedSequence(seed).spawn(len(names))
+    return {name: np.random.default_rng(child) for name, child in zip(names, children, strict=True)}
+
+
+def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> RequestTable:
+    """Draw the requests of a workload.
+
+    Args:
+        cfg: The validated ``workload:`` block.
+        seed: Non-negative integer; the same seed gives identical arrays.
+        base_dir: Directory of the experiment file; relative trace/data paths are looked up
+            there first (None: the current directory), then in the built-in catalog.
+
+    Returns:
+        The request table.
+
+    Raises:
+        ConfigError: Unreadable or malformed trace/data file, a trace shorter than
+            ``num_requests``, or no request at all.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    rngs = _child_rngs(int(seed))
+    closed = cfg.concurrency is not None
+    hash_ids: list | None = None
+
+    if cfg.trace is not None:
+        trace = load_trace(cfg.trace, base_dir)
+        if cfg.num_requests is not None and cfg.num_requests > len(trace):
+            raise ConfigError(
+                f"workload.num_requests={cfg.num_requests} exceeds the {len(trace)} requests "
+                f"in trace {cfg.trace.path}"
+            )
+        limit = cfg.num_requests if cfg.num_requests is not None else len(trace)
+        if closed:
+            arrival = np.full(limit, np.nan)
+        elif cfg.arrival is not None:
+            arrival = cfg.arrival.sample(rngs["arrival"], limit, cfg.duration_s)
+        else:
+            assert trace.arrival_time is not None
+            arrival = trace.arrival_time[:limit] * cfg.trace.time_scale
+            if cfg.duration_s is not None:
+                arrival = arrival[arrival < cfg.duration_s]
+        n = len(arrival)
+        prompt = trace.prompt_tokens[:n].copy()
+        output = trace.output_tokens[:n].copy()
+        if trace.hash_ids is not None:
+            hash_ids = trace.hash_ids[:n]
+    else:
+        assert cfg.prompt_tokens is not None and cfg.output_tokens is not None
+        if closed:
+            assert cfg.num_requests is not None
+            arrival = np.full(cfg.num_requests, np.nan)
+        else:
+            assert cfg.arrival is not None
+            arrival = cfg.arrival.sample(rngs["arrival"], cfg.num_requests, cfg.duration_s)
+        n = len(arrival)
+        prompt = cfg.prompt_tokens.sample(rngs["prompt"], n, base_dir)
+        output = cfg.output_tokens.sample(rngs["output"], n, base_dir)
+
+    if n == 0:
+        raise ConfigError(
+            f"workload: no request arrives before duration_s={cfg.duration_s:g}"
+            if cfg.duration_s is not None
+            else "workload: no requests"
+        )
+    cancel = None
+    if cfg.cancel_after_ms is not None:
+        cancel = cfg.cancel_after_ms.sample(rngs["cancel"], n) / 1000.0
+    think = None
+    if closed:
+        if cfg.think_time_ms is not None:
+            think = cfg.think_time_ms.sample(rngs["think"], n) / 1000.0
+        else:
+            think = np.zeros(n)
+    return RequestTable(
+        arrival_time=np.ascontiguousarray(arrival, dtype=np.float64),
+        prompt_tokens=np.ascontiguousarray(prompt, dtype=np.int64),
+        output_tokens=np.ascontiguousarray(output, dtype=np.int64),
+        cancel_after=cancel,
+        think_time=think,
+        concurrency=cfg.concurrency,
+        prefix_hash_ids=hash_ids,
+    )

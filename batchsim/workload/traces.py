@@ -1,0 +1,228 @@
+"""Trace replay: the ``workload.trace`` block and the readers of public trace files.
+
+Owns :class:`TraceConfig` (with :class:`CsvColumns`), the ``TRACE_FORMATS`` descriptions and
+:func:`load_trace`, which reads (and caches) an Azure LLM inference 2023/2024 CSV, a Mooncake
+JSONL or a generic CSV into arrival times (seconds since the first row) and token counts.
+Malformed rows, timestamps going backwards and empty files raise a
+:class:`~batchsim.errors.ConfigError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from batchsim.errors import ConfigError
+from batchsim.validation import ConfigModel, FieldError
+from batchsim.workload.common import PositiveFinite
+from batchsim.workload.files import (
+    _check_sorted,
+    _column_index,
+    _mtime,
+    _nonnegative_floats,
+    _positive_ints,
+    _read_rows,
+    _take,
+    resolve_data_path,
+)
+
+
+class CsvColumns(ConfigModel):
+    """Column names of a generic CSV trace."""
+
+    arrival_time: str | None = Field(
+        default="arrival_time", description="arrival time column (null: no timestamps in the file)"
+    )
+    prompt_tokens: str = Field(default="prompt_tokens", description="prompt length column")
+    output_tokens: str = Field(default="output_tokens", description="output length column")
+
+
+TRACE_FORMATS: dict[str, str] = {
+    "azure": "Azure LLM inference trace CSV: TIMESTAMP,ContextTokens,GeneratedTokens; "
+    "arrival = seconds since the first row",
+    "mooncake": "Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids "
+    "(512-token prefix blocks, kept for prefix caching)",
+    "csv": "generic CSV with a header; columns (default arrival_time, prompt_tokens, "
+    "output_tokens) and time_unit (s or ms) configurable; arrival times used as given",
+}
+
+
+class TraceConfig(ConfigModel):
+    """Replay a trace file: its arrival times and token counts replace the synthetic ones.
+
+    ``time_scale`` multiplies every arrival time (so every inter-arrival gap): 0.5 replays the
+    trace twice as fast (double the request rate), 2.0 half as fast. A relative ``path`` is
+    looked up next to the experiment file, then in the built-in ``workloads/`` catalog.
+    ``format`` may be omitted: ``.jsonl`` files are read as mooncake, CSVs whose header is the
+    Azure one as azure, other CSVs as csv.
+    """
+
+    path: str = Field(min_length=1, description="trace file")
+    format: Literal["azure", "mooncake", "csv"] | None = Field(
+        default=None, description="azure | mooncake | csv (default: from the file)"
+    )
+    time_scale: PositiveFinite = Field(
+        default=1.0, description="multiplies arrival times: 0.5 = twice as fast (> 0)"
+    )
+    columns: CsvColumns | None = Field(default=None, description="csv only: column names")
+    time_unit: Literal["s", "ms"] | None = Field(
+        default=None, description="csv only: s (default) or ms"
+    )
+
+    @model_validator(mode="after")
+    def _check_csv_only(self) -> TraceConfig:
+        if self.format in ("azure", "mooncake"):
+            for key in ("columns", "time_unit"):
+                if getattr(self, key) is not None:
+                    raise FieldError(key, f"applies to format csv only, not {self.format}")
+        return self
+
+
+@dataclass(frozen=True)
+class _Trace:
+    arrival_time: np.ndarray | None  # seconds, unscaled, non-decreasing; None = no timestamps
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    hash_ids: list[list[int]] | None
+    format: str
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+
+def load_trace(trace: TraceConfig, base_dir: Path | None = None) -> _Trace:
+    """Read a trace file (cached per file, format and columns; do not modify the arrays).
+
+    Raises:
+        ConfigError: Missing file, malformed row (names file and line), timestamps going
+            backwards, or an empty trace.
+    """
+    resolved = resolve_data_path(trace.path, base_dir, "workload.trace.path")
+    fmt = trace.format or _infer_format(resolved, trace)
+    cols = trace.columns or CsvColumns()
+    return _load_trace_cached(
+        str(resolved), _mtime(resolved), fmt, cols, trace.time_unit or "s", trace.path
+    )
+
+
+def _infer_format(path: Path, trace: TraceConfig) -> str:
+    if path.suffix in (".jsonl", ".json"):
+        return "mooncake"
+    if trace.columns is not None or trace.time_unit is not None:
+        return "csv"
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    names = {h.strip() for h in header}
+    return "azure" if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names else "csv"
+
+
+@functools.lru_cache(maxsize=8)
+def _load_trace_cached(
+    path: str, mtime: int, fmt: str, cols: CsvColumns, time_unit: str, shown: str
+) -> _Trace:
+    if fmt == "mooncake":
+        out = _read_mooncake(path, shown)
+    elif fmt == "azure":
+        out = _read_azure(path, shown)
+    else:
+        out = _read_csv_trace(path, shown, cols, time_unit)
+    for arr in (out.arrival_time, out.prompt_tokens, out.output_tokens):
+        if arr is not None:
+            arr.setflags(write=False)
+    return out
+
+
+def _read_azure(path: str, shown: str) -> _Trace:
+    header, rows, lines = _read_rows(path, shown)
+    width = len(header)
+    i_ts, i_ctx, i_gen = (
+        _column_index(header, name, shown)
+        for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    )
+    stamps = _take(rows, lines, i_ts, width, shown)
+    prompt = _positive_ints(_take(rows, lines, i_ctx, width, shown), lines, "ContextTokens", shown)
+    output = _positive_ints(
+        _take(rows, lines, i_gen, width, shown), lines, "GeneratedTokens", shown
+    )
+    import pandas as pd  # local: only trace loading needs it
+
+    parsed = pd.to_datetime(pd.Series(stamps), format="ISO8601", errors="coerce")
+    bad = np.flatnonzero(parsed.isna().to_numpy())
+    if bad.size:
+        i = int(bad[0])
+        raise ConfigError(
+            f"TIMESTAMP: expected a date-time like 2023-11-16 18:15:46.6805900, got {stamps[i]!r}",
+            shown,
+            lines[i],
+        )
+    seconds = ((parsed - parsed.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
+    _check_sorted(seconds, lines, "TIMESTAMP", shown)
+    return _Trace(seconds, prompt, output, None, "azure")
+
+
+def _read_csv_trace(path: str, shown: str, cols: CsvColumns, time_unit: str) -> _Trace:
+    header, rows, lines = _read_rows(path, shown)
+    width = len(header)
+    i_p = _column_index(header, cols.prompt_tokens, shown)
+    i_o = _column_index(header, cols.output_tokens, shown)
+    prompt = _positive_ints(_take(rows, lines, i_p, width, shown), lines, cols.prompt_tokens, shown)
+    output = _positive_ints(_take(rows, lines, i_o, width, shown), lines, cols.output_tokens, shown)
+    arrival = None
+    if cols.arrival_time is not None:
+        i_t = _column_index(header, cols.arrival_time, shown)
+        raw = _take(rows, lines, i_t, width, shown)
+        arrival = _nonnegative_floats(raw, lines, cols.arrival_time, shown)
+        if time_unit == "ms":
+            arrival = arrival / 1000.0
+        _check_sorted(arrival, lines, cols.arrival_time, shown)
+    return _Trace(arrival, prompt, output, None, "csv")
+
+
+def _read_mooncake(path: str, shown: str) -> _Trace:
+    stamps: list[Any] = []
+    inputs: list[Any] = []
+    outputs: list[Any] = []
+    hashes: list[list[int]] = []
+    lines: list[int] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line_no, text in enumerate(f, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"invalid JSON: {exc.msg}", shown, line_no) from None
+                if not isinstance(row, dict):
+                    raise ConfigError("expected a JSON object per line", shown, line_no)
+                for key in ("timestamp", "input_length", "output_length"):
+                    if key not in row:
+                        raise ConfigError(f"{key}: missing", shown, line_no)
+                ids = row.get("hash_ids", [])
+                if not isinstance(ids, list):
+                    raise ConfigError(f"hash_ids: expected a list, got {ids!r}", shown, line_no)
+                stamps.append(row["timestamp"])
+                inputs.append(row["input_length"])
+                outputs.append(row["output_length"])
+                hashes.append(ids)
+                lines.append(line_no)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read JSONL: {exc}", shown) from exc
+    if not lines:
+        raise ConfigError("empty trace: no data rows", shown)
+    prompt = _positive_ints(inputs, lines, "input_length", shown)
+    output = _positive_ints(outputs, lines, "output_length", shown)
+    for value, line in zip(stamps, lines, strict=True):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"timestamp: expected a number of ms, got {value!r}", shown, line)
+    ms = _nonnegative_floats(stamps, lines, "timestamp", shown)
+    seconds = (ms - ms[0]) / 1000.0
+    _check_sorted(seconds, lines, "timestamp", shown)
+    return _Trace(seconds, prompt, output, hashes, "mooncake")
