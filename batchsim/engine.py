@@ -25,9 +25,11 @@ Rules, each tested:
   engine is busy back to back, so the iteration costs ``max(cpu, gpu)`` instead of the sum.
 - **Decode stretches.** When ``schedule()`` returns only decodes, the scheduler says how many
   identical iterations may follow (until a request finishes or KV blocks run short); the engine
-  cuts that at the next arrival, cancellation or timer, prices them in vectorized cost-model
-  calls and advances in one timeout. The records are those of the individual
-  iterations. ``fast_forward=False`` runs them one at a time (same results).
+  cuts that at the next arrival, cancellation or timer and advances in one timeout. The
+  iterations differ only in context; the cost model says for how many of them the time stays
+  the same (until the attention kernel streams one more KV block), and each such run is priced
+  and logged once. The log expands runs into the individual iterations' records.
+  ``fast_forward=False`` runs them one at a time (same results).
 """
 
 from __future__ import annotations

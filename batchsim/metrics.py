@@ -1,10 +1,10 @@
 """Records of a run and the numbers computed from them.
 
-Owns the per-iteration log (columnar, chunked numpy buffers: a decode stretch of K iterations
-is appended as arrays, not K Python rows), the per-request table, and the summary with vLLM
-``benchmark_serving`` names (``mean_ttft_ms``, ``p99_itl_ms``, ...) plus batchsim's own.
-Percentiles use numpy's default (linear) definition, as vLLM does. Inter-token latencies are
-stored as weighted samples (see :class:`ItlLog`); the weighted
+Owns the per-iteration log (columnar, chunked numpy buffers; a decode stretch of K
+iterations is stored as a few runs of equal time, not K rows), the per-request table, and the
+summary with vLLM ``benchmark_serving`` names (``mean_ttft_ms``, ``p99_itl_ms``, ...) plus
+batchsim's own. Percentiles use numpy's default (linear) definition, as vLLM does.
+Inter-token latencies are stored as weighted runs (see :class:`ItlLog`); the weighted
 percentile below equals ``np.percentile`` of the expanded sample exactly.
 
 This module imports no simpy and no scheduler policy.
