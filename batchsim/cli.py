@@ -81,7 +81,8 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
                 "KV cache",
                 f"max usage {summary['max_kv_cache_usage']:.1%} of "
                 f"{summary['kv_cache_capacity_tokens']:,} tokens, "
-                f"{summary['num_preemptions']} preemptions",
+                f"{summary['num_preemptions']} preemptions"
+                + (f" ({summary['num_swaps']} by swapping)" if summary.get("num_swaps") else ""),
             ),
             ("wall time", _fmt(summary["wall_time_s"], " s")),
         ]

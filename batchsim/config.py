@@ -56,6 +56,9 @@ class EngineConfig(ConfigModel):
     """CPU time per iteration (ms); default: the hardware profile's ``cpu_overhead.base_ms``."""
     cpu_overhead_per_seq_ms: float | None = Field(None, ge=0)
     """Extra CPU time per request in the iteration (ms); default: from the hardware profile."""
+    swap_space_gib: float = Field(4.0, ge=0)
+    """Host memory per GPU for KV blocks preempted by swapping (GiB; vLLM's ``swap_space``).
+    Used with ``scheduler.preemption_mode: swap``."""
     async_scheduling: bool = False
     """Overlap the CPU work of an iteration with the previous GPU step (vLLM V1 async)."""
     fast_forward: bool = True

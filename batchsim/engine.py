@@ -60,6 +60,8 @@ class EngineOptions:
     cpu_overhead_per_seq: float = 0.0
     """Extra CPU time per request in the iteration (s)."""
     async_scheduling: bool = False
+    swap_time_per_block: float = 0.0
+    """Time to copy one KV block between GPU and host memory (s)."""
     fast_forward: bool = True
 
 
@@ -232,6 +234,7 @@ class Engine:
     def _batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
         """The :data:`~batchsim.metrics.BATCH_COLUMNS` of an iteration."""
         shape = output.shape
+        swap_in, swap_out = output.num_swap_in_blocks, output.num_swap_out_blocks
         return (
             cpu * 1e3,
             output.num_seqs,
@@ -243,16 +246,27 @@ class Engine:
             shape.num_padding_tokens,
             output.num_output_tokens,
             len(output.preempted),
+            swap_in,
+            swap_out,
+            (swap_in + swap_out) * self.options.swap_time_per_block * 1e3,
         )
+
+    def _duration(self, cpu: float, gpu: float, overlap: bool) -> float:
+        """Iteration time: CPU work then the GPU step (``overlap``: the CPU work hides behind
+        the previous GPU step)."""
+        if overlap:
+            return cpu if cpu > gpu else gpu
+        return cpu + gpu
 
     def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
         cost = self.cost_model.estimate(output.shape)
         cpu = self._cpu_time(output.num_seqs)
+        swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
+            self.options.swap_time_per_block
+        )
         gpu = cost.time
-        if self.options.async_scheduling and now == self._last_end:
-            duration = max(cpu, gpu)
-        else:
-            duration = cpu + gpu
+        overlap = self.options.async_scheduling and now == self._last_end
+        duration = self._duration(cpu, gpu + swap, overlap)
         self.iterations.append(
             (
                 now,
@@ -300,16 +314,9 @@ class Engine:
             at = shape if done == 0 else shape.with_decode_context(shape.kv_read_tokens + n * done)
             cost, same = self.cost_model.decode_run(at)
             gpu = cost.time
-            if not overlap:
-                duration = cpu + gpu
-            elif done == 0 and not back_to_back:  # nothing to hide the first CPU step behind
-                duration, same = cpu + gpu, 1
-            else:
-                duration = cpu if cpu > gpu else gpu
-            if done == 0 and output.preempted:  # evictions belong to the first step only
+            if overlap and done == 0 and not back_to_back:  # nothing to hide the CPU behind
                 same = 1
-            elif done == 1 and output.preempted:
-                batch = (*batch[:-1], 0)
+            duration = self._duration(cpu, gpu, overlap and (done > 0 or back_to_back))
             steps = min(same, num_steps - done)
             cut = start + duration * steps >= event
             if cut:
@@ -389,9 +396,6 @@ class Engine:
         usage = self._stretch_usage(output.requests, done)
         offset = 0
         for starts, cost, durations, _, keep in pieces:
-            preempted = np.zeros(keep, dtype=np.int64)
-            if offset == 0:  # evictions belong to the first step only
-                preempted[0] = len(output.preempted)
 
             def cut(value: Any, keep: int = keep) -> Any:
                 return value[:keep] if isinstance(value, np.ndarray) and value.ndim else value
@@ -407,8 +411,7 @@ class Engine:
                     cut(cost.weight_bytes),
                     cut(cost.kv_bytes),
                     cut(cost.compute_time - cost.memory_time),
-                    *batch[:-1],
-                    preempted,
+                    *batch,
                 ),
                 keep,
                 usage[offset : offset + keep] if isinstance(usage, np.ndarray) else usage,

@@ -220,6 +220,14 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         si_name="transition_exponent",
         doc="p of the p-norm (t_c^p + t_m^p)^(1/p) joining compute and memory time of a kernel",
     ),
+    "host_transfer": EfficiencyKey(
+        default=0.8,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=True,
+        si_name="host_transfer_efficiency",
+        doc="achievable fraction of the host link for KV-cache swap copies (pinned-memory DMA)",
+    ),
 }
 
 CPU_OVERHEAD_DEFAULTS: dict[str, float] = {"base_ms": 0.81, "per_seq_ms": 0.042}
@@ -232,6 +240,7 @@ _TOP_LEVEL_KEYS = (
     "memory_bandwidth_tb_s",
     "memory_gb",
     "interconnect_bandwidth_gb_s",
+    "host_bandwidth_gb_s",
     "num_compute_units",
     "efficiency",
     "cpu_overhead",
@@ -251,6 +260,8 @@ class HardwareProfile:
         memory_bandwidth: HBM/GDDR bandwidth, B/s.
         memory_capacity: Device memory, bytes.
         interconnect_bandwidth: GPU-to-GPU bandwidth per GPU per direction, B/s.
+        host_bandwidth: Host<->GPU link bandwidth per direction (PCIe; NVLink-C2C on Grace
+            parts), B/s, for KV-cache swapping; None when the profile does not give it.
         num_compute_units: SMs (NVIDIA) or CUs (AMD).
         compute_efficiency: Achievable fraction of peak FLOP/s.
         memory_efficiency: Achievable fraction of memory bandwidth.
@@ -281,6 +292,7 @@ class HardwareProfile:
     interconnect_latency: float
     cpu_overhead_base: float
     cpu_overhead_per_seq: float
+    host_bandwidth: float | None = None
     efficiency: dict[str, float] = field(default_factory=dict, hash=False)
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -303,7 +315,10 @@ class HardwareProfile:
         return self.peak_flops_for(dtype) / self.memory_bandwidth
 
     def ideal(self) -> HardwareProfile:
-        """Same hardware with every efficiency 1 and every floor/overhead (GPU and CPU) 0."""
+        """Same hardware with every efficiency 1 and every floor/overhead (GPU and CPU) 0.
+
+        Datasheet numbers (peaks, bandwidths including ``host_bandwidth``, capacity) are kept.
+        """
         eff = {spec.si_name: spec.ideal for spec in EFFICIENCY_KEYS.values()}
         # field name -> float; typed Any because mypy checks **kwargs against every field
         attrs: dict[str, Any] = {k: v for k, v in eff.items() if k in _PROFILE_FIELDS}
@@ -331,6 +346,9 @@ class HardwareProfile:
             "memory_tb_s": self.memory_bandwidth / 1e12,
             "memory_gb": self.memory_capacity / 1e9,
             "interconnect_gb_s": self.interconnect_bandwidth / 1e9,
+            "host_link_gb_s": (
+                self.host_bandwidth / 1e9 if self.host_bandwidth is not None else None
+            ),
             "compute_units": self.num_compute_units,
             "ridge_point_bf16": (
                 self.ridge_point("bf16") if self.peak_flops.get("bf16") is not None else None
@@ -344,6 +362,7 @@ _PROFILE_FIELDS = frozenset(f.name for f in dataclasses.fields(HardwareProfile))
 
 _Pos = Annotated[float, Field(gt=0)]
 _NonNeg = Annotated[float, Field(ge=0)]
+_PosFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Schema(BaseModel):
@@ -370,6 +389,7 @@ class _ProfileYaml(_Schema):
     memory_bandwidth_tb_s: _Pos
     memory_gb: _Pos
     interconnect_bandwidth_gb_s: _Pos
+    host_bandwidth_gb_s: _PosFinite | None = None
     num_compute_units: Annotated[int, Field(ge=1)]
     efficiency: dict[str, float] = {}
     cpu_overhead: _CpuOverhead = _CpuOverhead()
@@ -403,6 +423,8 @@ def _describe_error(err: ErrorDetails) -> tuple[tuple[str, ...], str]:
         return loc, f"{path}: unknown key; allowed keys here: {allowed}"
     if kind == "greater_than":
         return loc, f"{path} must be > {_num(ctx.get('gt'))}, got {value!r}"
+    if kind == "finite_number":
+        return loc, f"{path} must be a finite number, got {value!r}"
     if kind == "greater_than_equal":
         return loc, f"{path} must be >= {_num(ctx.get('ge'))}, got {value!r}"
     if kind in ("float_type", "int_type", "float_parsing", "int_parsing", "int_from_float"):
@@ -488,6 +510,9 @@ def _parse(path: Path) -> HardwareProfile:
         memory_bandwidth=_si(doc.memory_bandwidth_tb_s, 12),
         memory_capacity=_si(doc.memory_gb, 9),
         interconnect_bandwidth=_si(doc.interconnect_bandwidth_gb_s, 9),
+        host_bandwidth=(
+            _si(doc.host_bandwidth_gb_s, 9) if doc.host_bandwidth_gb_s is not None else None
+        ),
         num_compute_units=doc.num_compute_units,
         cpu_overhead_base=doc.cpu_overhead.base_ms / 1e3,
         cpu_overhead_per_seq=doc.cpu_overhead.per_seq_ms / 1e3,
@@ -530,6 +555,8 @@ def hardware_table() -> list[dict[str, Any]]:
     """One row of key numbers per built-in profile, for ``batchsim list hardware``.
 
     Keys: name, description, bf16_tflops, fp8_tflops, int8_tops, memory_tb_s, memory_gb
-    (decimal GB), interconnect_gb_s (per direction), compute_units, ridge_point_bf16 (FLOP/B).
+    (decimal GB), interconnect_gb_s (per direction), host_link_gb_s (host<->GPU, per
+    direction; None when the profile does not give it), compute_units, ridge_point_bf16
+    (FLOP/B).
     """
     return [hw.summary() for hw in list_hardware()]

@@ -53,19 +53,23 @@ def kv_capacity_blocks(
 
 
 class KVCacheManager:
-    """Block accounting for the whole engine.
+    """Block accounting for the whole engine: the GPU pool and the host swap space.
 
     Args:
-        num_blocks: Total blocks in the pool.
+        num_blocks: Total blocks in the GPU pool.
         block_size: Tokens per block.
+        num_cpu_blocks: Blocks of host memory for swapped-out requests (vLLM's
+            ``swap_space``).
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
-        assert num_blocks >= 1 and block_size >= 1
+    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0):
+        assert num_blocks >= 1 and block_size >= 1 and num_cpu_blocks >= 0
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_free_blocks = num_blocks
         self.max_used_blocks = 0
+        self.num_cpu_blocks = num_cpu_blocks
+        self.num_free_cpu_blocks = num_cpu_blocks
 
     @property
     def num_used_blocks(self) -> int:
@@ -111,7 +115,40 @@ class KVCacheManager:
             self.max_used_blocks = used
 
     def free(self, request: Request) -> None:
-        """Return all of ``request``'s blocks to the pool."""
+        """Return all of ``request``'s blocks (GPU and host) to their pools."""
         self.num_free_blocks += request.num_blocks
         request.num_blocks = 0
+        self.num_free_cpu_blocks += request.num_cpu_blocks
+        request.num_cpu_blocks = 0
         assert self.num_free_blocks <= self.num_blocks, "freed more KV blocks than allocated"
+        assert self.num_free_cpu_blocks <= self.num_cpu_blocks, "freed more host blocks"
+
+    def can_swap_out(self, request: Request) -> bool:
+        """The host swap space can take all of ``request``'s GPU blocks."""
+        return request.num_blocks <= self.num_free_cpu_blocks
+
+    def swap_out(self, request: Request) -> int:
+        """Move ``request``'s blocks to host memory; return how many were copied."""
+        moved = request.num_blocks
+        assert moved <= self.num_free_cpu_blocks, "host swap space over-committed"
+        self.num_free_blocks += moved
+        self.num_free_cpu_blocks -= moved
+        request.num_cpu_blocks += moved
+        request.num_blocks = 0
+        return moved
+
+    def can_swap_in(self, request: Request, num_tokens: int) -> bool:
+        """The GPU pool can take ``request``'s swapped blocks and grow it to ``num_tokens``."""
+        need = max(request.num_cpu_blocks, num_blocks_for(num_tokens, self.block_size))
+        return need <= self.num_free_blocks
+
+    def swap_in(self, request: Request, num_tokens: int) -> int:
+        """Copy ``request``'s blocks back and grow it to ``num_tokens`` tokens; return how many
+        blocks were copied. The caller checked :meth:`can_swap_in`."""
+        moved = request.num_cpu_blocks
+        self.num_free_cpu_blocks += moved
+        request.num_cpu_blocks = 0
+        request.num_blocks = 0
+        grown = self.allocate(request, max(num_tokens, moved * self.block_size))
+        assert grown, "swap-in without room"
+        return moved

@@ -51,6 +51,9 @@ BATCH_COLUMNS: dict[str, str] = {
     "num_padding_tokens": "i4",
     "num_output_tokens": "i4",
     "num_preempted": "i4",
+    "num_swap_in_blocks": "i4",
+    "num_swap_out_blocks": "i4",
+    "swap_time_ms": "f8",
 }
 """Columns that describe the batch, the same for every iteration of a run."""
 
@@ -76,6 +79,9 @@ ITERATION_COLUMNS = [
     "bound",
     "kv_cache_usage",
     "num_preempted",
+    "num_swap_in_blocks",
+    "num_swap_out_blocks",
+    "swap_time_ms",
 ]
 """Columns of ``iterations.csv``, in order (``bound`` is compute|memory)."""
 
@@ -370,6 +376,7 @@ REQUEST_COLUMNS = [
     "e2el_ms",
     "queue_delay_ms",
     "num_preemptions",
+    "num_swaps",
     "status",
     "reject_reason",
 ]
@@ -489,6 +496,7 @@ def requests_columns(requests: Sequence[Request]) -> Columns:
         "e2el_ms": e2el * 1e3,
         "queue_delay_ms": (scheduled - arrival) * 1e3,
         "num_preemptions": np.fromiter((r.num_preemptions for r in requests), np.int64, n),
+        "num_swaps": np.fromiter((r.num_swaps for r in requests), np.int64, n),
         "status": status,
         "reject_reason": np.array([r.reject_reason for r in requests], dtype=object),
     }
@@ -538,6 +546,7 @@ def summarize(
     *,
     num_preemptions: int,
     max_kv_cache_usage: float,
+    num_swaps: int = 0,
     slo: dict[str, float] | None = None,
     warmup_s: float = 0.0,
     cooldown_s: float = 0.0,
@@ -608,6 +617,7 @@ def summarize(
             "num_iterations": int(it["num_iterations"]),
             "mean_batch_size": it["num_seqs"] / num_iter if num_iter else math.nan,
             "num_preemptions": int(num_preemptions),
+            "num_swaps": int(num_swaps),
             "num_rejected": int((req["status"] == "rejected").sum()),
             "num_cancelled": int((req["status"] == "cancelled").sum()),
             "mean_queue_delay_ms": float(queue.mean()) if queue.size else math.nan,

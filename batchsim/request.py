@@ -22,14 +22,16 @@ class RequestStatus(enum.IntEnum):
     """Where a request is. The last three are final: a request reaches exactly one of them."""
 
     WAITING = 0
-    """Arrived, not in the running set (never scheduled, or preempted)."""
+    """Arrived, not in the running set (never scheduled, or preempted by recompute)."""
     RUNNING = 1
     """Holds KV blocks and is scheduled at iterations."""
-    FINISHED = 2
+    SWAPPED = 2
+    """Preempted by swapping: its KV blocks wait in host memory to be copied back."""
+    FINISHED = 3
     """Produced all its output tokens."""
-    REJECTED = 3
+    REJECTED = 4
     """Could never be served (e.g. longer than the KV cache); see ``reject_reason``."""
-    CANCELLED = 4
+    CANCELLED = 5
     """The client disconnected; the request left at the next iteration boundary."""
 
     @property
@@ -58,8 +60,12 @@ class Request:
     num_output_tokens: int = 0
     """Tokens sampled so far."""
     num_blocks: int = 0
-    """KV-cache blocks held."""
+    """KV-cache blocks held on the GPU."""
+    num_cpu_blocks: int = 0
+    """KV-cache blocks swapped out to host memory."""
     num_preemptions: int = 0
+    num_swaps: int = 0
+    """Preemptions that swapped the KV cache out (the rest recomputed it)."""
     first_scheduled_time: float = NAN
     first_token_time: float = NAN
     last_token_time: float = NAN

@@ -213,6 +213,10 @@ class Setup:
     model: ModelSpec
     cost_model: RooflineCostModel
     num_gpu_blocks: int
+    num_cpu_blocks: int = 0
+    """Host swap space in KV blocks (``preemption_mode: swap`` only)."""
+    swap_time_per_block: float = 0.0
+    """Seconds to copy one KV block of one GPU over the host link."""
 
 
 def build(config: ExperimentConfig) -> Setup:
@@ -236,7 +240,19 @@ def build(config: ExperimentConfig) -> Setup:
             block_bytes=block_bytes,
         )
     dtype_bytes(engine.dtype, "engine.dtype")
-    return Setup(config, hardware, model, cost_model, blocks)
+    cpu_blocks, swap_time = 0, 0.0
+    if config.scheduler.preemption_mode == "swap":
+        if hardware.host_bandwidth is None:
+            raise ConfigError(
+                f"scheduler.preemption_mode: swap needs the host link bandwidth, but hardware "
+                f"{hardware.name} has no host_bandwidth_gb_s; add it to the profile or use "
+                "preemption_mode: recompute"
+            )
+        block_bytes = cost_model.kv_bytes_per_token_per_gpu * engine.block_size
+        cpu_blocks = int(engine.swap_space_gib * 2**30 // block_bytes)
+        link = hardware.host_bandwidth * hardware.efficiency["host_transfer_efficiency"]
+        swap_time = block_bytes / link
+    return Setup(config, hardware, model, cost_model, blocks, cpu_blocks, swap_time)
 
 
 def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
@@ -247,7 +263,7 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     engine_cfg = config.engine
     hardware = setup.hardware
     policy_cls = load_policy(config.scheduler.policy)
-    kv = KVCacheManager(setup.num_gpu_blocks, engine_cfg.block_size)
+    kv = KVCacheManager(setup.num_gpu_blocks, engine_cfg.block_size, setup.num_cpu_blocks)
     max_len = engine_cfg.max_model_len or setup.model.max_position_embeddings
     scheduler = policy_cls(
         config.scheduler, kv, window=setup.model.sliding_window, max_model_len=max_len
@@ -265,6 +281,7 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
         ),
         async_scheduling=engine_cfg.async_scheduling,
         fast_forward=engine_cfg.fast_forward,
+        swap_time_per_block=setup.swap_time_per_block,
     )
     engine = Engine(scheduler, setup.cost_model, table, options)
     engine.run()
@@ -275,6 +292,7 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
         iterations,
         scheduler.itl,
         num_preemptions=scheduler.num_preemptions,
+        num_swaps=scheduler.num_swaps,
         max_kv_cache_usage=kv.max_used_blocks / kv.num_blocks,
         slo=config.slo.model_dump() if config.slo else None,
         warmup_s=config.metrics.warmup_s,

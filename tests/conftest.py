@@ -54,11 +54,13 @@ def create_scheduler(
     block_size: int = 16,
     window: int | None = None,
     max_model_len: int | None = None,
+    num_cpu_blocks: int = 0,
     **config: Any,
 ) -> Scheduler:
-    """A policy over a KV pool of ``num_blocks`` blocks, driven directly by the test."""
+    """A policy over a KV pool of ``num_blocks`` blocks (and ``num_cpu_blocks`` of host swap
+    space), driven directly by the test."""
     cfg = SchedulerConfig(policy=policy, **config)
-    kv = KVCacheManager(num_blocks, block_size)
+    kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks)
     return POLICIES[policy](cfg, kv, window=window, max_model_len=max_model_len)
 
 

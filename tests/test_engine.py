@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
+from batchsim.catalog import catalog_dir
 from batchsim.config import validate_experiment
 from batchsim.engine import Engine
 from batchsim.metrics import weighted_percentiles
@@ -357,6 +358,25 @@ def test_fast_forward_off_gives_the_same_run(policy, num_gpu_blocks, async_sched
     assert_same_run(fast, slow)
 
 
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+@pytest.mark.parametrize("mix", [False, True])
+def test_fast_forward_is_exact_with_swap_preemption(policy, mix):
+    workload = poisson(40, 20.0, uniform(16, 200), uniform(1, 160))
+    scheduler = {
+        "policy": policy,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "preemption_mode": "swap",
+    }
+    if policy == "continuous":
+        scheduler["mix_prefill_decode"] = mix
+    engine = {"num_gpu_blocks": 40}
+    fast, num_stretches = count_stretches(lambda: sim(experiment(workload, scheduler, engine)))
+    slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
+    assert num_stretches > 0 and slow.summary["num_swaps"] > 0
+    assert_same_run(fast, slow)
+
+
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_fast_forward_is_exact_when_a_sliding_window_caps_the_context(policy):
     # Mistral-7B attends to the last 4096 tokens: decode stretches that grow past the window
@@ -469,6 +489,57 @@ def test_small_kv_cache_preempts_and_every_request_still_completes_in_full(polic
     assert (req["output_tokens"] == req["max_tokens"]).all()
     assert summary["max_kv_cache_usage"] <= 1.0
     assert engine.scheduler.kv_cache.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_swap_preemption_keeps_progress_and_pays_the_host_link(policy):
+    # The same KV-starved run preempting by recompute and by swap: swapping recomputes no
+    # prompt token, and each swap costs its blocks' bytes over the host link.
+    workload = poisson(40, 50.0, uniform(32, 128), uniform(32, 200))
+    scheduler = {"policy": policy, "max_num_seqs": 32, "max_num_batched_tokens": 512}
+    engine = {"num_gpu_blocks": 64}
+    recompute = sim(experiment(workload, scheduler, engine))
+    swap, eng = sim_with_engine(
+        experiment(workload, {**scheduler, "preemption_mode": "swap"}, engine)
+    )
+    prompts = swap.requests["prompt_tokens"].sum()
+    assert recompute.summary["num_swaps"] == 0 and recompute.summary["num_preemptions"] > 0
+    assert recompute.iterations["num_prefill_tokens"].sum() > prompts  # recomputed KV
+    assert swap.summary["num_swaps"] == swap.summary["num_preemptions"] > 0
+    assert swap.summary["num_swaps"] == swap.requests["num_swaps"].sum()
+    assert swap.iterations["num_prefill_tokens"].sum() == prompts  # nothing recomputed
+    assert (swap.requests["status"] == "finished").all()
+    assert (swap.requests["output_tokens"] == swap.requests["max_tokens"]).all()
+    it = swap.iterations
+    swapped = it["num_swap_in_blocks"] + it["num_swap_out_blocks"]
+    assert it["num_swap_out_blocks"].sum() == it["num_swap_in_blocks"].sum() > 0
+    # Llama-2-7B: 2 (K, V) x 32 layers x 4096 x 2 bytes = 512 KiB per token; a 16-token block
+    # is 8 MiB, copied at 80 % of the A100's 32 GB/s PCIe Gen4 link.
+    per_block_ms = 16 * 2 * 32 * 4096 * 2 / (32e9 * 0.8) * 1e3
+    np.testing.assert_allclose(it["swap_time_ms"], swapped * per_block_ms, rtol=1e-12)
+    np.testing.assert_allclose(
+        it["duration_ms"], it["cpu_time_ms"] + it["gpu_time_ms"] + it["swap_time_ms"], rtol=1e-12
+    )
+    kv = eng.scheduler.kv_cache
+    assert kv.num_used_blocks == 0 and kv.num_free_cpu_blocks == kv.num_cpu_blocks > 0
+
+
+def test_swap_mode_on_a_profile_without_host_link_is_a_config_error(tmp_path):
+    profile = tmp_path / "gpu.yaml"
+    text = catalog_dir("hardware_profiles") / "l4.yaml"
+    lines = [
+        line
+        for line in text.read_text(encoding="utf-8").splitlines()
+        if "host_bandwidth_gb_s" not in line
+    ]
+    profile.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = experiment(
+        poisson(4, 1.0, fixed(16), fixed(4)),
+        {"policy": "continuous", "preemption_mode": "swap"},
+        hardware=str(profile),
+    )
+    with pytest.raises(batchsim.ConfigError, match="host_bandwidth_gb_s"):
+        sim(data)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -91,6 +91,48 @@ def test_every_number_has_a_source(name: str) -> None:
     assert all(isinstance(v, str) and v.strip() for v in sources.values())
 
 
+HOST_LINK_GB_S = {
+    "a100-40gb": 32,
+    "a100-80gb": 32,
+    "a100-80gb-pcie": 32,
+    "a40": 32,
+    "l4": 32,
+    "l40s": 32,
+    "h100-sxm": 64,
+    "h100-pcie": 64,
+    "h200": 64,
+    "mi300x": 64,
+    "mi325x": 64,
+    "b200": 128,
+}
+"""Host<->GPU link per direction: PCIe Gen4 / Gen5 / Gen6 x16."""
+
+
+@pytest.mark.parametrize("name", HARDWARE_NAMES)
+def test_every_profile_has_a_sourced_host_link_in_si_units(name: str) -> None:
+    raw = _raw(name)
+    hw = load_hardware(name)
+    assert hw.host_bandwidth is not None
+    assert hw.host_bandwidth == raw["host_bandwidth_gb_s"] * 1e9
+    assert "host_bandwidth_gb_s" in raw["sources"]
+    assert "per direction" in raw["sources"]["host_bandwidth_gb_s"]
+    # The host link never beats the GPU's own memory.
+    assert hw.host_bandwidth < hw.memory_bandwidth
+
+
+def test_host_link_values_per_profile() -> None:
+    assert set(HOST_LINK_GB_S) == REQUIRED_PROFILES
+    for name, gb_s in HOST_LINK_GB_S.items():
+        assert load_hardware(name).host_bandwidth == gb_s * 1e9, name
+
+
+def test_no_profile_claims_host_transfer_was_calibrated() -> None:
+    for name in HARDWARE_NAMES:
+        raw = _raw(name)
+        assert raw["efficiency"]["host_transfer"] == EFFICIENCY_KEYS["host_transfer"].default
+        assert "host_transfer is the default 0.8, not calibrated" in raw["sources"]["efficiency"]
+
+
 @pytest.mark.parametrize("name", HARDWARE_NAMES)
 def test_builtin_profiles_set_every_efficiency_term_with_its_calibration_source(name: str) -> None:
     raw = _raw(name)
@@ -149,6 +191,16 @@ def test_ideal_removes_every_inefficiency_and_keeps_peaks() -> None:
     assert ideal.peak_flops == hw.peak_flops
     assert ideal.memory_bandwidth == hw.memory_bandwidth
     assert set(ideal.efficiency) == {spec.si_name for spec in EFFICIENCY_KEYS.values()}
+    assert ideal.host_bandwidth == hw.host_bandwidth == 64e9
+
+
+def test_host_transfer_efficiency_term() -> None:
+    spec = EFFICIENCY_KEYS["host_transfer"]
+    assert (spec.default, spec.per_si, spec.ideal, spec.fraction) == (0.8, 1.0, 1.0, True)
+    assert spec.si_name == "host_transfer_efficiency"
+    hw = load_hardware("h100-pcie")
+    assert hw.efficiency["host_transfer_efficiency"] == 0.8
+    assert hw.ideal().efficiency["host_transfer_efficiency"] == 1.0
 
 
 def test_profile_is_frozen_and_hashable() -> None:
@@ -170,6 +222,9 @@ def test_list_and_table_cover_every_builtin() -> None:
     assert a100["memory_gb"] == 80
     assert a100["ridge_point_bf16"] == pytest.approx(153, abs=0.5)
     assert rows["h100-sxm"]["fp8_tflops"] == pytest.approx(1978.9)
+    assert a100["host_link_gb_s"] == 32
+    assert rows["b200"]["host_link_gb_s"] == 128
+    assert list(a100).index("host_link_gb_s") == list(a100).index("interconnect_gb_s") + 1
 
 
 # --------------------------------------------------------------------------- user files
@@ -200,6 +255,45 @@ def test_user_profile_without_efficiency_blocks_gets_the_defaults(tmp_path: Path
     for key, spec in EFFICIENCY_KEYS.items():
         assert hw.efficiency[spec.si_name] == pytest.approx(spec.default / spec.per_si), key
     assert hw.cpu_overhead_base == pytest.approx(CPU_OVERHEAD_DEFAULTS["base_ms"] / 1e3)
+
+
+def test_profile_without_host_link_loads_with_none(tmp_path: Path) -> None:
+    def edit(raw: dict[str, Any]) -> None:
+        del raw["host_bandwidth_gb_s"], raw["sources"]["host_bandwidth_gb_s"]
+        del raw["efficiency"]["host_transfer"]
+
+    hw = load_hardware(str(_profile(tmp_path, edit)))
+    assert hw.host_bandwidth is None
+    assert hw.ideal().host_bandwidth is None
+    assert hw.efficiency["host_transfer_efficiency"] == 0.8
+    assert hw.summary()["host_link_gb_s"] is None
+    assert hw.interconnect_bandwidth == 300e9  # the rest is unchanged
+
+
+def test_host_link_in_si_units_from_a_user_file(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r.update(host_bandwidth_gb_s=25.6))
+    assert load_hardware(str(path)).host_bandwidth == 25.6e9
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (-32, "host_bandwidth_gb_s must be > 0, got -32"),
+        (0, "host_bandwidth_gb_s must be > 0, got 0"),
+        (float("inf"), "host_bandwidth_gb_s must be a finite number, got inf"),
+        ("64 GB/s", "host_bandwidth_gb_s must be a number, got '64 GB/s'"),
+    ],
+)
+def test_bad_host_link_names_file_and_key(tmp_path: Path, value: Any, expected: str) -> None:
+    path = _profile(tmp_path, lambda r: r.update(host_bandwidth_gb_s=value))
+    message = _error(path)
+    assert message.startswith(f"{path}:")
+    assert message.endswith(expected)
+
+
+def test_host_transfer_must_be_a_fraction(tmp_path: Path) -> None:
+    path = _profile(tmp_path, lambda r: r["efficiency"].update(host_transfer=1.2))
+    assert "efficiency.host_transfer must be in (0, 1], got 1.2" in _error(path)
 
 
 def test_a_new_efficiency_key_only_needs_an_entry_in_efficiency_keys(

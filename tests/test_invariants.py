@@ -59,6 +59,10 @@ def experiments(draw: st.DrawFn) -> dict[str, Any]:
         "async_scheduling": draw(st.booleans()),
         "fast_forward": draw(st.booleans()),
     }
+    if policy in ("continuous", "chunked_prefill") and draw(st.booleans()):
+        scheduler["preemption_mode"] = "swap"
+        # none, a few blocks (Llama-2-7B: 0.5 MiB of KV per token), or plenty of host space
+        engine["swap_space_gib"] = draw(st.sampled_from([0.0, 0.02, 4.0]))
     workload: dict[str, Any] = {
         "num_requests": draw(st.integers(1, 30)),
         "prompt_tokens": _length(draw, 300),
@@ -127,7 +131,15 @@ def test_random_experiments_keep_every_invariant(data):
     usage = it["kv_cache_usage"].to_numpy()
     assert ((usage >= 0) & (usage <= 1)).all()
     assert 0 <= summary["max_kv_cache_usage"] <= 1
-    assert engine.scheduler.kv_cache.num_used_blocks == 0
+    kv = engine.scheduler.kv_cache
+    assert kv.num_used_blocks == 0 and kv.num_free_cpu_blocks == kv.num_cpu_blocks
+    assert 0 <= summary["num_swaps"] <= summary["num_preemptions"]
+    swapped_out, swapped_in = it["num_swap_out_blocks"].sum(), it["num_swap_in_blocks"].sum()
+    assert swapped_in <= swapped_out  # every block copied back was copied out
+    if not (req["status"] == "cancelled").any():
+        assert swapped_in == swapped_out  # ... and all come back unless their client left
+    copies = it["num_swap_in_blocks"] + it["num_swap_out_blocks"]
+    assert ((it["swap_time_ms"] > 0) == (copies > 0)).all()
 
     # Batch limits.
     assert (it["num_seqs"] >= 1).all()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from batchsim.request import RequestStatus
 from conftest import create_requests, create_scheduler, step
 
@@ -189,6 +191,88 @@ def test_recomputed_request_resumes_with_prompt_plus_outputs():
     assert a.status == b.status == RequestStatus.FINISHED
     assert b.num_preemptions >= 1
     assert s.kv_cache.num_free_blocks == s.kv_cache.num_blocks
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_swap_mode_moves_the_victims_blocks_to_host_and_resumes_it_without_recompute(policy):
+    s = create_scheduler(
+        policy, num_blocks=3, block_size=16, num_cpu_blocks=4, preemption_mode="swap"
+    )
+    a, b = create_requests(2, prompt=16, output=4)
+    s.add_request(a)
+    s.add_request(b)
+    step(s, 0.0)  # prefill both: 2 blocks used
+    out, _ = step(s, 1.0)  # decode: a takes the 3rd block; b is swapped out, progress kept
+    assert out.requests == [a] and out.preempted == [b]
+    assert out.num_swap_out_blocks == 1 and out.num_swap_in_blocks == 0
+    assert b.status == RequestStatus.SWAPPED and b.num_computed_tokens == 16
+    assert b.num_cpu_blocks == 1 and s.kv_cache.num_free_cpu_blocks == 3
+    assert b.num_preemptions == b.num_swaps == 1 and s.num_swaps == 1
+    prefill_tokens = {a.request_id: 0, b.request_id: 0}
+    swapped_in = []
+    t = 2.0
+    while s.has_unfinished_requests() and t < 50:
+        out, _ = step(s, t)
+        for r, q in zip(out.requests, out.num_scheduled_tokens):
+            if q > 1:
+                prefill_tokens[r.request_id] += q
+        if out.num_swap_in_blocks:
+            swapped_in.append((out.num_swap_in_blocks, b in out.requests))
+        t += 1.0
+    assert a.status == b.status == RequestStatus.FINISHED
+    assert b.num_output_tokens == 4
+    assert prefill_tokens == {a.request_id: 0, b.request_id: 0}  # nothing recomputed
+    assert swapped_in == [(1, True)]  # b's block came back once, and b ran in that iteration
+    kv = s.kv_cache
+    assert kv.num_free_blocks == kv.num_blocks and kv.num_free_cpu_blocks == kv.num_cpu_blocks
+
+
+def test_swap_mode_recomputes_when_the_host_swap_space_is_full():
+    s = create_scheduler(
+        "continuous", num_blocks=3, block_size=16, num_cpu_blocks=0, preemption_mode="swap"
+    )
+    a, b = create_requests(2, prompt=16, output=4)
+    s.add_request(a)
+    s.add_request(b)
+    step(s, 0.0)
+    out, _ = step(s, 1.0)
+    assert out.preempted == [b] and out.num_swap_out_blocks == 0
+    assert b.status == RequestStatus.WAITING and b.num_computed_tokens == 0
+    assert b.num_preemptions == 1 and b.num_swaps == 0 and s.num_swaps == 0
+
+
+def test_no_new_prompt_is_admitted_while_a_request_is_swapped_out():
+    s = create_scheduler(
+        "continuous", num_blocks=3, block_size=16, num_cpu_blocks=4, preemption_mode="swap"
+    )
+    a, b = create_requests(2, prompt=16, output=20)
+    s.add_request(a)
+    s.add_request(b)
+    step(s, 0.0)
+    step(s, 1.0)  # b swapped out
+    (c,) = create_requests(1, prompt=8, output=2, start_id=2)
+    s.add_request(c)
+    for t in range(2, 12):
+        # a decodes within its 2 blocks; the free block would hold c's prompt but not b's
+        # 2 blocks: c must not overtake b
+        out, _ = step(s, float(t))
+        assert out.requests == [a] and s.kv_cache.num_free_blocks == 1
+    assert b.status == RequestStatus.SWAPPED and c.status == RequestStatus.WAITING
+
+
+def test_cancel_of_a_swapped_request_frees_its_host_blocks():
+    s = create_scheduler(
+        "continuous", num_blocks=3, block_size=16, num_cpu_blocks=4, preemption_mode="swap"
+    )
+    a, b = create_requests(2, prompt=16, output=4)
+    s.add_request(a)
+    s.add_request(b)
+    step(s, 0.0)
+    step(s, 1.0)
+    assert b.status == RequestStatus.SWAPPED
+    s.cancel(b, 2.0)
+    assert b.status == RequestStatus.CANCELLED and not s.swapped
+    assert s.kv_cache.num_free_cpu_blocks == 4 and b.num_cpu_blocks == 0
 
 
 def test_cancel_removes_running_request_and_frees_its_blocks():

@@ -4,7 +4,8 @@ Each iteration has a token budget, ``max_num_batched_tokens``. Running requests 
 admission order: a decode takes one token, an unfinished prompt takes a chunk of what is left.
 Waiting requests then fill the rest of the budget, their prompts split across iterations when
 they do not fit. Non-final chunks emit no token. No new request is admitted in an iteration
-that had to preempt.
+that had to preempt. With ``preemption_mode: swap``, swapped-out requests resume (oldest first)
+after the running ones, and new requests are admitted only once none is left swapped out.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ class ChunkedPrefillScheduler(Scheduler):
         requests, tokens, budget = self.schedule_running(
             self.config.max_num_batched_tokens, preempted
         )
-        if not preempted:
+        if not preempted and self.swapped:
+            budget = self.schedule_swapped(budget, requests, tokens)
+        if not preempted and not self.swapped:
             kv = self.kv_cache
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 request = self.waiting[0]
@@ -37,7 +40,7 @@ class ChunkedPrefillScheduler(Scheduler):
         return self.make_output(requests, tokens, now, preempted=preempted)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
-        if self.waiting and len(self.running) < self.max_num_seqs:
+        if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
             head = self.waiting[0]
             need = self.kv_cache.blocks_needed(head, head.num_computed_tokens + 1)
             if need <= self.kv_cache.num_free_blocks:

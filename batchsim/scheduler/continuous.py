@@ -10,7 +10,9 @@ next iteration. A prompt is always prefilled whole, in one iteration.
   prefills share one iteration, whose length the prefill dominates.
 
 KV blocks grow as tokens are produced; when they run out, the most recently admitted request is
-preempted (recompute).
+preempted (recompute, or swap with ``preemption_mode: swap``). As in vLLM v0, swapped-out
+requests resume (oldest first) in an iteration without preemption, and no new prompt is
+admitted while any is left swapped out.
 """
 
 from __future__ import annotations
@@ -68,21 +70,26 @@ class ContinuousScheduler(Scheduler):
         budget = self.config.max_num_batched_tokens
         preempted: list[Request] = []
         if not self.config.mix_prefill_decode:
-            prefills: list[Request] = []
-            prefill_tokens: list[int] = []
-            self._admit_prefills(budget, len(self.running), prefills, prefill_tokens)
-            if prefills:
-                return self.make_output(prefills, prefill_tokens, now)
-            requests, tokens, _ = self.schedule_running(budget, preempted)
+            if not self.swapped:
+                prefills: list[Request] = []
+                prefill_tokens: list[int] = []
+                self._admit_prefills(budget, len(self.running), prefills, prefill_tokens)
+                if prefills:
+                    return self.make_output(prefills, prefill_tokens, now)
+            requests, tokens, left = self.schedule_running(budget, preempted)
+            if not preempted and self.swapped:
+                self.schedule_swapped(left, requests, tokens)
             return self.make_output(requests, tokens, now, preempted=preempted)
         requests, tokens, left = self.schedule_running(budget, preempted)
-        if not preempted and left > 0:
+        if not preempted and self.swapped:
+            left = self.schedule_swapped(left, requests, tokens)
+        if not preempted and not self.swapped and left > 0:
             self._admit_prefills(left, len(self.running), requests, tokens)
         return self.make_output(requests, tokens, now, preempted=preempted)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
         # A waiting request that could be admitted would change the next iteration.
-        if self.waiting and len(self.running) < self.max_num_seqs:
+        if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
             head = self.waiting[0]
             if self.kv_cache.blocks_needed(head, head.num_tokens) <= self.kv_cache.num_free_blocks:
                 return 1

@@ -49,9 +49,11 @@ class SchedulerConfig(BaseModel):
     mix_prefill_decode: bool = False
     """continuous: false = an iteration with prefills runs no decodes (vLLM v0);
     true = prefills and decodes share the iteration (Orca selective batching)."""
-    preemption_mode: Literal["recompute"] = "recompute"
-    """What happens to a request evicted from a full KV cache: its KV is dropped and
-    recomputed when it is scheduled again."""
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    """What happens to a request evicted from a full KV cache: ``recompute`` drops its KV and
+    recomputes it when the request is scheduled again (vLLM's default); ``swap`` copies its
+    blocks to host memory (``engine.swap_space_gib``) and back before it resumes, paying the
+    host link's transfer time; when the swap space is full it recomputes instead."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Free-form settings for out-of-tree policies (``package.module:Class``)."""
 
@@ -91,7 +93,12 @@ class Scheduler(abc.ABC):
         self.max_num_seqs = config.max_num_seqs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        """Requests preempted by swapping, in the order they resume."""
         self.num_preemptions = 0
+        self.num_swaps = 0
+        self._swap_in_blocks = 0  # copied since the last make_output()
+        self._swap_out_blocks = 0
         self.itl = ItlLog()
         self.arrivals_pending = True
         """Set by the engine: False once no further arrival is known (lets request-level
@@ -128,6 +135,8 @@ class Scheduler(abc.ABC):
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
+        elif request.status == RequestStatus.SWAPPED:
+            self.swapped.remove(request)
         else:
             self.waiting.remove(request)
         self.kv_cache.free(request)
@@ -136,7 +145,7 @@ class Scheduler(abc.ABC):
         self.on_request_left(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     @abc.abstractmethod
     def schedule(self, now: float) -> SchedulerOutput:
@@ -155,10 +164,15 @@ class Scheduler(abc.ABC):
         """How many consecutive iterations would run exactly this decode-only batch.
 
         Bounded by the first request to finish (its last token ends the stretch), by the KV
-        blocks the growing contexts need, and by the policy. 1 for anything but pure decode.
+        blocks the growing contexts need, and by the policy. 1 for anything but pure decode,
+        and for an iteration that preempted or swapped.
         """
-        if not output.is_decode_only or output.num_prefill_seqs:
-            return 1
+        if not output.is_decode_only or output.num_prefill_seqs or output.has_side_work:
+            return 1  # preemptions and swaps belong to one iteration
+        if self.swapped and len(self.running) < self.max_num_seqs:
+            head = self.swapped[0]
+            if self.kv_cache.can_swap_in(head, head.num_computed_tokens + 1):
+                return 1  # the next schedule() may resume it; free blocks only shrink later
         steps = min(r.max_tokens - r.num_output_tokens for r in output.requests)
         steps = min(steps, self.policy_max_repeat(output))
         if steps > 1 and not self.reserves_full_sequence:
@@ -297,6 +311,8 @@ class Scheduler(abc.ABC):
             kv_read_tokens=kv_read,
             attn_pairs=pairs,
         )
+        swap_in, swap_out = self._swap_in_blocks, self._swap_out_blocks
+        self._swap_in_blocks = self._swap_out_blocks = 0
         return SchedulerOutput(
             requests=requests,
             num_scheduled_tokens=num_tokens,
@@ -306,6 +322,8 @@ class Scheduler(abc.ABC):
             num_slots=slots,
             num_output_tokens=num_outputs,
             preempted=preempted or [],
+            num_swap_in_blocks=swap_in,
+            num_swap_out_blocks=swap_out,
         )
 
     def admit(self, request: Request) -> None:
@@ -316,14 +334,45 @@ class Scheduler(abc.ABC):
         self.running.append(request)
 
     def preempt(self, request: Request) -> None:
-        """Evict a running request by recompute: free its KV, send it to the queue front."""
+        """Evict a running request. By recompute: free its KV and send it to the front of the
+        waiting queue. By swap (``preemption_mode: swap``, when the host swap space has
+        room): copy its blocks to host memory and queue it to resume with its progress."""
         self.running.remove(request)
-        self.kv_cache.free(request)
-        request.num_computed_tokens = 0
         request.num_preemptions += 1
+        self.num_preemptions += 1
+        kv = self.kv_cache
+        if self.config.preemption_mode == "swap" and kv.can_swap_out(request):
+            self._swap_out_blocks += kv.swap_out(request)
+            request.num_swaps += 1
+            self.num_swaps += 1
+            request.status = RequestStatus.SWAPPED
+            self.swapped.append(request)
+            return
+        kv.free(request)
+        request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
-        self.num_preemptions += 1
+
+    def schedule_swapped(
+        self, token_budget: int, requests: list[Request], tokens: list[int]
+    ) -> int:
+        """Resume swapped requests, oldest first, while the batch cap, the token budget and
+        the KV cache allow: copy their blocks back and schedule their next tokens (one for
+        a decode; a chunk of what is left of a prompt). Returns the budget left."""
+        kv = self.kv_cache
+        while self.swapped and len(self.running) < self.max_num_seqs and token_budget > 0:
+            request = self.swapped[0]
+            q = min(request.num_remaining_tokens, token_budget)
+            if not kv.can_swap_in(request, request.num_computed_tokens + q):
+                break
+            self.swapped.popleft()
+            self._swap_in_blocks += kv.swap_in(request, request.num_computed_tokens + q)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            requests.append(request)
+            tokens.append(q)
+            token_budget -= q
+        return token_budget
 
     def allocate_or_preempt(
         self, request: Request, num_tokens: int, preempted: list[Request]

@@ -36,6 +36,16 @@ class SchedulerOutput:
     """Tokens sampled for real requests (a non-final prompt chunk samples none)."""
     preempted: list[Request] = field(default_factory=list)
     """Requests evicted from the KV cache while building this iteration."""
+    num_swap_in_blocks: int = 0
+    """KV blocks copied back from host memory before this iteration (resumed requests)."""
+    num_swap_out_blocks: int = 0
+    """KV blocks copied out to host memory before this iteration (requests preempted by
+    swapping)."""
+
+    @property
+    def has_side_work(self) -> bool:
+        """Preemptions or swaps belong to this iteration only, not to repeats of it."""
+        return bool(self.preempted or self.num_swap_in_blocks or self.num_swap_out_blocks)
 
     @property
     def num_seqs(self) -> int:
