@@ -44,7 +44,7 @@ import numpy as np
 import simpy
 
 from batchsim.cost import RooflineCostModel
-from batchsim.metrics import IterationLog
+from batchsim.metrics import IterationLog, RequestLog
 from batchsim.request import Request
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
@@ -160,7 +160,9 @@ class Engine:
         self.cost_model = cost_model
         self.options = options
         self.source = ArrivalSource(table)
-        self.requests: list[Request] = []
+        self.request_log = RequestLog()
+        """Requests that left (finished, rejected, cancelled), one row each."""
+        self.num_arrived = 0
         self.iterations = IterationLog(cost_model.decode_token_slopes)
         self._cancels: list[tuple[float, int, Request]] = []
         self._last_end = -math.inf
@@ -175,19 +177,24 @@ class Engine:
     def _deliver_due(self, now: float) -> None:
         scheduler = self.scheduler
         for request in self.source.pop_due(now):
-            self.requests.append(request)
+            self.num_arrived += 1
             if scheduler.add_request(request):
                 if request.cancel_time != math.inf:
                     heapq.heappush(
                         self._cancels, (request.cancel_time, request.request_id, request)
                     )
             else:
-                self.source.on_left(request, now)
+                self._left(request, now)
         while self._cancels and self._cancels[0][0] <= now:
             request = heapq.heappop(self._cancels)[2]
             if not request.status.is_final:
                 scheduler.cancel(request, now)
-                self.source.on_left(request, now)
+                self._left(request, now)
+
+    def _left(self, request: Request, now: float) -> None:
+        """``request`` reached a final status at ``now``."""
+        self.request_log.add(request)
+        self.source.on_left(request, now)
 
     def _next_event_time(self, now: float) -> float:
         t = self.source.next_time()
@@ -229,7 +236,7 @@ class Engine:
             yield env.timeout(times.last_end - now)
             self._last_end = env.now
             for request in scheduler.update_from_output(output, times):
-                source.on_left(request, times.last_end)
+                self._left(request, times.last_end)
 
     def _batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
         """The :data:`~batchsim.metrics.BATCH_COLUMNS` of an iteration."""

@@ -13,7 +13,7 @@ This module imports no simpy and no scheduler policy.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -468,38 +468,96 @@ Columns = dict[str, Any]
 """A table as column name -> numpy array (or list of strings), all of one length."""
 
 
-def requests_columns(requests: Sequence[Request]) -> Columns:
-    """One flat row per request (times in s, latencies in ms, NaN where not applicable)."""
-    n = len(requests)
-    arrival = np.fromiter((r.arrival_time for r in requests), float, n)
-    scheduled = np.fromiter((r.first_scheduled_time for r in requests), float, n)
-    first = np.fromiter((r.first_token_time for r in requests), float, n)
-    finish = np.fromiter((r.finish_time for r in requests), float, n)
-    outputs = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
-    names = {s: s.name.lower() for s in RequestStatus}
-    status = np.array([names[r.status] for r in requests], dtype=object)
-    done = status == "finished"
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(done & (outputs > 1), (finish - first) / (outputs - 1), np.nan)
-    e2el = np.where(done, finish - arrival, np.nan)
-    return {
-        "request_id": np.fromiter((r.request_id for r in requests), np.int64, n),
-        "arrival_time_s": arrival,
-        "first_scheduled_time_s": scheduled,
-        "first_token_time_s": first,
-        "finish_time_s": finish,
-        "prompt_tokens": np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n),
-        "output_tokens": outputs,
-        "max_tokens": np.fromiter((r.max_tokens for r in requests), np.int64, n),
-        "ttft_ms": (first - arrival) * 1e3,
-        "tpot_ms": tpot * 1e3,
-        "e2el_ms": e2el * 1e3,
-        "queue_delay_ms": (scheduled - arrival) * 1e3,
-        "num_preemptions": np.fromiter((r.num_preemptions for r in requests), np.int64, n),
-        "num_swaps": np.fromiter((r.num_swaps for r in requests), np.int64, n),
-        "status": status,
-        "reject_reason": np.array([r.reject_reason for r in requests], dtype=object),
-    }
+class RequestLog:
+    """Final records of the requests that left the engine (finished, rejected or cancelled).
+
+    A request is recorded as one row when it leaves, so a run of millions of requests keeps
+    only those in flight as Python objects.
+    """
+
+    _STATUS_NAMES = np.array([s.name.lower() for s in RequestStatus], dtype=object)
+
+    def __init__(self) -> None:
+        self._rows = ChunkedColumns(
+            {
+                "request_id": "i8",
+                "arrival_time_s": "f8",
+                "first_scheduled_time_s": "f8",
+                "first_token_time_s": "f8",
+                "finish_time_s": "f8",
+                "prompt_tokens": "i8",
+                "output_tokens": "i8",
+                "max_tokens": "i8",
+                "num_preemptions": "i4",
+                "num_swaps": "i4",
+                "status": "i1",
+            }
+        )
+        self._reasons: dict[int, str] = {}
+
+    @property
+    def num_rows(self) -> int:
+        return self._rows.num_rows
+
+    def add(self, r: Request) -> None:
+        """Record ``r``, which has reached a final status."""
+        self._rows.append(
+            (
+                r.request_id,
+                r.arrival_time,
+                r.first_scheduled_time,
+                r.first_token_time,
+                r.finish_time,
+                r.num_prompt_tokens,
+                r.num_output_tokens,
+                r.max_tokens,
+                r.num_preemptions,
+                r.num_swaps,
+                int(r.status),
+            )
+        )
+        if r.reject_reason:
+            self._reasons[r.request_id] = r.reject_reason
+
+    def to_columns(self) -> Columns:
+        """One row per request in ``request_id`` order (times in s, latencies in ms, NaN
+        where not applicable): ``requests.csv``."""
+        rows = self._rows
+        order = np.argsort(rows.column("request_id"), kind="stable")
+
+        def col(key: str) -> np.ndarray:
+            return rows.column(key)[order]
+
+        ids = col("request_id")
+        arrival, scheduled = col("arrival_time_s"), col("first_scheduled_time_s")
+        first, finish = col("first_token_time_s"), col("finish_time_s")
+        outputs = col("output_tokens")
+        status = self._STATUS_NAMES[col("status")]
+        done = status == "finished"
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(done & (outputs > 1), (finish - first) / (outputs - 1), np.nan)
+        e2el = np.where(done, finish - arrival, np.nan)
+        reasons = np.full(len(ids), "", dtype=object)
+        if self._reasons:
+            reasons[:] = [self._reasons.get(int(i), "") for i in ids]
+        return {
+            "request_id": ids,
+            "arrival_time_s": arrival,
+            "first_scheduled_time_s": scheduled,
+            "first_token_time_s": first,
+            "finish_time_s": finish,
+            "prompt_tokens": col("prompt_tokens"),
+            "output_tokens": outputs,
+            "max_tokens": col("max_tokens"),
+            "ttft_ms": (first - arrival) * 1e3,
+            "tpot_ms": tpot * 1e3,
+            "e2el_ms": e2el * 1e3,
+            "queue_delay_ms": (scheduled - arrival) * 1e3,
+            "num_preemptions": col("num_preemptions").astype(np.int64),
+            "num_swaps": col("num_swaps").astype(np.int64),
+            "status": status,
+            "reject_reason": reasons,
+        }
 
 
 def _rows(table: Columns, mask: np.ndarray) -> Columns:

@@ -34,7 +34,6 @@ from batchsim.metrics import (
     Columns,
     IterationLog,
     Labels,
-    requests_columns,
     summarize,
 )
 from batchsim.model import ModelSpec, dtype_bytes, load_model
@@ -285,7 +284,8 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     )
     engine = Engine(scheduler, setup.cost_model, table, options)
     engine.run()
-    requests = requests_columns(engine.requests)
+    assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
+    requests = engine.request_log.to_columns()
     iterations = engine.iterations
     summary = summarize(
         requests,
