@@ -23,6 +23,9 @@ Rules, each tested:
   num_seqs`` of scheduling / input preparation before the GPU runs. With
   ``async_scheduling`` the CPU work of an iteration hides behind the previous GPU step when the
   engine is busy back to back, so the iteration costs ``max(cpu, gpu)`` instead of the sum.
+- **Swaps.** KV blocks swapped out or in while building an iteration (``preemption_mode:
+  swap``) are copied over the host link before its forward pass: the GPU side of the
+  iteration grows by ``blocks x swap_time_per_block``.
 - **Decode stretches.** When ``schedule()`` returns only decodes, the scheduler says how many
   identical iterations may follow (until a request finishes or KV blocks run short); the engine
   cuts that at the next arrival, cancellation or timer and advances in one timeout. The

@@ -163,8 +163,8 @@ def write_csv(tables: Iterable[Columns], names: list[str], path: Path) -> None:
     finally:
         if writer is not None:
             writer.close()
-    if writer is None:  # no table at all: a header-only file
-        path.write_text(",".join(names) + "\n", encoding="utf-8")
+    if writer is None:
+        raise ValueError(f"{path.name}: no table to write")
 
 
 def _rows_of(values: Any, lo: int, hi: int) -> Any:

@@ -232,6 +232,18 @@ def test_prompt_longer_than_any_kv_capacity_is_not_bad_input(tmp_path, monkeypat
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_run_where_every_request_is_rejected_writes_header_only_iterations(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "trace.csv", "arrival_time,prompt_tokens,output_tokens\n0,900,4\n")
+    write(tmp_path / "exp.yaml", TRACE_EXPERIMENT + "engine: {num_gpu_blocks: 16}\n")
+    assert cli.main(["run", "exp.yaml", "-o", "out"]) == 0
+    summary = read_summary(tmp_path / "out")
+    assert summary["num_rejected"] == 1 and summary["num_iterations"] == 0
+    with open(tmp_path / "out" / "iterations.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert len(rows) == 1 and set(rows[0]) >= ITERATION_COLUMNS
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
