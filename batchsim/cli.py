@@ -130,6 +130,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         f"{args.experiment}: ok — {config.scheduler.policy} on {setup.model.name} / "
         f"{setup.hardware.name} (tp={config.parallel.tensor_parallel_size}), KV cache "
         f"{setup.num_gpu_blocks:,} blocks x {block} = {setup.num_gpu_blocks * block:,} tokens"
+        + (
+            f", host swap space {setup.num_cpu_blocks:,} blocks "
+            f"({setup.swap_time_per_block * 1e3:.3f} ms per block over the host link)"
+            if config.scheduler.preemption_mode == "swap"
+            else ""
+        )
     )
     return 0
 

@@ -176,6 +176,14 @@ def test_validate_reports_ok_and_writes_nothing(tmp_path, exp, capsys):
     assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
 
 
+def test_validate_reports_the_host_swap_space_in_swap_mode(exp, capsys):
+    argv = ["validate", str(exp), "--set", "scheduler.preemption_mode=swap"]
+    assert cli.main([*argv, "--set", "engine.swap_space_gib=2"]) == 0
+    # Llama-2-7B: 16 tokens x 512 KiB = 8 MiB per block, so 2 GiB hold 256 blocks; one block
+    # crosses the A100's 32 GB/s PCIe link at 80 % in 8 MiB / 25.6 GB/s = 0.328 ms.
+    assert "host swap space 256 blocks (0.328 ms per block" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("kind", "names"),
     [
