@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from batchsim import simulation
@@ -15,6 +17,7 @@ from batchsim.kv_cache import KVCacheManager
 from batchsim.request import Request
 from batchsim.scheduler.interface import Scheduler, SchedulerConfig
 from batchsim.scheduler.registry import POLICIES
+from batchsim.simulation import Result
 
 SUMMARY_KEYS = {
     # vLLM benchmark_serving names
@@ -125,3 +128,35 @@ def tiny_experiment(**overrides: Any) -> dict[str, Any]:
 @pytest.fixture
 def experiment() -> dict[str, Any]:
     return tiny_experiment()
+
+
+def _numeric(summary: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in summary.items()
+        if k != "wall_time_s" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def assert_summaries_match(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-9) -> None:
+    sa, sb = _numeric(a), _numeric(b)
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        x, y = sa[key], sb[key]
+        same = math.isclose(x, y, rel_tol=rel, abs_tol=1e-12)  # abs: a std of equal gaps is ~0
+        assert (math.isnan(x) and math.isnan(y)) or same, (key, x, y)
+
+
+def assert_same_run(fast: Result, slow: Result) -> None:
+    """Two runs agree iteration by iteration and request by request (to 1e-9)."""
+    assert_summaries_match(fast.summary, slow.summary)
+    assert len(fast.iterations) == len(slow.iterations)
+    for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens"):
+        np.testing.assert_allclose(fast.requests[column], slow.requests[column], rtol=1e-9)
+    for column in fast.iterations.columns:
+        a, b = fast.iterations[column].to_numpy(), slow.iterations[column].to_numpy()
+        if a.dtype.kind in "fc":
+            rtol = 1e-6 if column == "kv_cache_usage" else 1e-9  # float32 column
+            np.testing.assert_allclose(a, b, rtol=rtol, err_msg=column)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=column)

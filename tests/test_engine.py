@@ -23,7 +23,7 @@ from batchsim.config import validate_experiment
 from batchsim.engine import Engine
 from batchsim.metrics import weighted_percentiles
 from batchsim.simulation import Result, simulate
-from conftest import SUMMARY_KEYS, capture_engines, tiny_experiment
+from conftest import SUMMARY_KEYS, assert_same_run, capture_engines, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 
@@ -284,37 +284,6 @@ def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step():
 
 
 # ----------------------------------------------------------------------------- fast-forward
-
-
-def _numeric(summary: dict[str, Any]) -> dict[str, float]:
-    return {
-        k: float(v)
-        for k, v in summary.items()
-        if k != "wall_time_s" and isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-
-
-def assert_summaries_match(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-9) -> None:
-    sa, sb = _numeric(a), _numeric(b)
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        x, y = sa[key], sb[key]
-        assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel), (key, x, y)
-
-
-def assert_same_run(fast: Result, slow: Result) -> None:
-    """Two runs agree iteration by iteration and request by request (to 1e-9)."""
-    assert_summaries_match(fast.summary, slow.summary)
-    assert len(fast.iterations) == len(slow.iterations)
-    for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens"):
-        np.testing.assert_allclose(fast.requests[column], slow.requests[column], rtol=1e-9)
-    for column in fast.iterations.columns:
-        a, b = fast.iterations[column].to_numpy(), slow.iterations[column].to_numpy()
-        if a.dtype.kind in "fc":
-            rtol = 1e-6 if column == "kv_cache_usage" else 1e-9  # float32 column
-            np.testing.assert_allclose(a, b, rtol=rtol, err_msg=column)
-        else:
-            np.testing.assert_array_equal(a, b, err_msg=column)
 
 
 def count_stretches(run: Any) -> tuple[Any, int]:

@@ -8,6 +8,7 @@ limits hold and the KV cache is empty at the end.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from batchsim.config import validate_experiment
 from batchsim.engine import Engine
 from batchsim.request import RequestStatus
 from batchsim.simulation import Result, simulate
-from conftest import capture_engines, tiny_experiment
+from conftest import assert_same_run, capture_engines, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 FINAL = {"finished", "rejected", "cancelled"}
@@ -187,6 +188,17 @@ def test_same_seed_gives_an_identical_summary(data):
     assert all(_same(a[k], b[k]) for k in a), [k for k in a if not _same(a[k], b[k])]
     assert first.requests.equals(second.requests)
     assert first.iterations.equals(second.iterations)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(experiments())
+def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
+    # Decode stretches, priced and logged as runs, expand to exactly the iterations that
+    # stepping one by one produces: every column, every request, the whole summary.
+    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
+    fast["engine"]["fast_forward"] = True
+    slow["engine"]["fast_forward"] = False
+    assert_same_run(simulate(validate_experiment(fast)), simulate(validate_experiment(slow)))
 
 
 def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):
