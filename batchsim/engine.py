@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from batchsim.cost import RooflineCostModel
+from batchsim.cost import IterationCost, RooflineCostModel
 from batchsim.metrics import IterationLog, RequestLog
 from batchsim.request import Request
 from batchsim.scheduler.interface import Scheduler
@@ -278,18 +278,7 @@ class Engine:
         overlap = self.options.async_scheduling and now == self._last_end
         duration = self._duration(cpu, gpu + swap, overlap)
         self.iterations.append(
-            (
-                now,
-                1,
-                duration,
-                gpu * 1e3,
-                cost.flops,
-                cost.bytes,
-                cost.weight_bytes,
-                cost.kv_bytes,
-                cost.compute_time - cost.memory_time,
-                *self._batch_row(output, cpu),
-            ),
+            _run_row(now, 1, duration, cost, self._batch_row(output, cpu)),
             self.scheduler.kv_cache.usage,
         )
         end = now + duration
@@ -331,20 +320,7 @@ class Engine:
             cut = start + duration * steps >= event
             if cut:
                 steps = _steps_until(start, duration, event, steps)
-            runs.append(
-                (
-                    start,
-                    steps,
-                    duration,
-                    gpu * 1e3,
-                    cost.flops,
-                    cost.bytes,
-                    cost.weight_bytes,
-                    cost.kv_bytes,
-                    cost.compute_time - cost.memory_time,
-                    *batch,
-                )
-            )
+            runs.append(_run_row(start, steps, duration, cost, batch))
             # the ends of this run are start + j x duration, j = 1..steps
             if done:
                 later.append((start, duration, 1, steps))
@@ -457,6 +433,23 @@ class Engine:
         else:
             durations = gpu + cpu
         return cost, durations
+
+
+def _run_row(start: float, steps: int, duration: float, cost: IterationCost, batch: tuple):
+    """A row of :data:`~batchsim.metrics.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
+    iterations of ``duration`` from ``start``, the first costing ``cost``."""
+    return (
+        start,
+        steps,
+        duration,
+        cost.time * 1e3,
+        cost.flops,
+        cost.bytes,
+        cost.weight_bytes,
+        cost.kv_bytes,
+        cost.compute_time - cost.memory_time,
+        *batch,
+    )
 
 
 def _steps_until(start: float, duration: float, event: float, most: int) -> int:

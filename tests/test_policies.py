@@ -193,16 +193,29 @@ def test_recomputed_request_resumes_with_prompt_plus_outputs():
     assert s.kv_cache.num_free_blocks == s.kv_cache.num_blocks
 
 
-@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
-def test_swap_mode_moves_the_victims_blocks_to_host_and_resumes_it_without_recompute(policy):
+def two_requests_one_preempted(
+    policy: str = "continuous", output: int = 4, num_cpu_blocks: int = 4
+):
+    """3 KV blocks of 16 tokens, swap mode: two 16-token prompts fill 2 blocks; at the first
+    decode ``a`` takes the last block and ``b`` (admitted last) is preempted."""
     s = create_scheduler(
-        policy, num_blocks=3, block_size=16, num_cpu_blocks=4, preemption_mode="swap"
+        policy,
+        num_blocks=3,
+        block_size=16,
+        num_cpu_blocks=num_cpu_blocks,
+        preemption_mode="swap",
     )
-    a, b = create_requests(2, prompt=16, output=4)
+    a, b = create_requests(2, prompt=16, output=output)
     s.add_request(a)
     s.add_request(b)
-    step(s, 0.0)  # prefill both: 2 blocks used
-    out, _ = step(s, 1.0)  # decode: a takes the 3rd block; b is swapped out, progress kept
+    step(s, 0.0)  # prefill both
+    out, _ = step(s, 1.0)  # decode: b is preempted
+    return s, a, b, out
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_swap_mode_moves_the_victims_blocks_to_host_and_resumes_it_without_recompute(policy):
+    s, a, b, out = two_requests_one_preempted(policy)  # b is swapped out, progress kept
     assert out.requests == [a] and out.preempted == [b]
     assert out.num_swap_out_blocks == 1 and out.num_swap_in_blocks == 0
     assert b.status == RequestStatus.SWAPPED and b.num_computed_tokens == 16
@@ -228,28 +241,15 @@ def test_swap_mode_moves_the_victims_blocks_to_host_and_resumes_it_without_recom
 
 
 def test_swap_mode_recomputes_when_the_host_swap_space_is_full():
-    s = create_scheduler(
-        "continuous", num_blocks=3, block_size=16, num_cpu_blocks=0, preemption_mode="swap"
-    )
-    a, b = create_requests(2, prompt=16, output=4)
-    s.add_request(a)
-    s.add_request(b)
-    step(s, 0.0)
-    out, _ = step(s, 1.0)
+    s, _, b, out = two_requests_one_preempted(num_cpu_blocks=0)
     assert out.preempted == [b] and out.num_swap_out_blocks == 0
     assert b.status == RequestStatus.WAITING and b.num_computed_tokens == 0
     assert b.num_preemptions == 1 and b.num_swaps == 0 and s.num_swaps == 0
 
 
 def test_no_new_prompt_is_admitted_while_a_request_is_swapped_out():
-    s = create_scheduler(
-        "continuous", num_blocks=3, block_size=16, num_cpu_blocks=4, preemption_mode="swap"
-    )
-    a, b = create_requests(2, prompt=16, output=20)
-    s.add_request(a)
-    s.add_request(b)
-    step(s, 0.0)
-    step(s, 1.0)  # b swapped out
+    s, a, b, _ = two_requests_one_preempted(output=20)
+    assert b.status == RequestStatus.SWAPPED
     (c,) = create_requests(1, prompt=8, output=2, start_id=2)
     s.add_request(c)
     for t in range(2, 12):
@@ -261,14 +261,7 @@ def test_no_new_prompt_is_admitted_while_a_request_is_swapped_out():
 
 
 def test_cancel_of_a_swapped_request_frees_its_host_blocks():
-    s = create_scheduler(
-        "continuous", num_blocks=3, block_size=16, num_cpu_blocks=4, preemption_mode="swap"
-    )
-    a, b = create_requests(2, prompt=16, output=4)
-    s.add_request(a)
-    s.add_request(b)
-    step(s, 0.0)
-    step(s, 1.0)
+    s, _, b, _ = two_requests_one_preempted()
     assert b.status == RequestStatus.SWAPPED
     s.cancel(b, 2.0)
     assert b.status == RequestStatus.CANCELLED and not s.swapped
