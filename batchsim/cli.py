@@ -156,11 +156,11 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     if args.kind == "hardware":
-        from batchsim.hardware import hardware_table
+        from batchsim.catalog.hardware import hardware_table
 
         _print_rows(hardware_table())
     elif args.kind == "models":
-        from batchsim.model import model_table
+        from batchsim.catalog.model import model_table
 
         _print_rows(model_table())
     elif args.kind == "policies":

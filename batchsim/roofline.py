@@ -21,10 +21,10 @@ import json
 import sys
 from typing import Any, TextIO
 
+from batchsim.catalog.hardware import load_hardware
+from batchsim.catalog.model import DTYPE_BYTES, load_model
 from batchsim.cost import OP_NAMES, WEIGHT_DTYPES, BatchShape, RooflineCostModel
 from batchsim.errors import ConfigError
-from batchsim.hardware import load_hardware
-from batchsim.model import DTYPE_BYTES, load_model
 
 __all__ = ["FORMATS", "add_arguments", "build_rows", "run"]
 

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile, load_hardware
+from batchsim.catalog.model import load_model
 from batchsim.cost import RooflineCostModel
-from batchsim.hardware import EFFICIENCY_KEYS, HardwareProfile, load_hardware
-from batchsim.model import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "reference" / "measured"

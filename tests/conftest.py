@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from batchsim import simulation
-from batchsim.engine import Engine
-from batchsim.kv_cache import KVCacheManager
-from batchsim.request import Request
+from batchsim.engine.engine import Engine
+from batchsim.engine.kv_cache import KVCacheManager
+from batchsim.engine.request import Request
 from batchsim.scheduler.interface import Scheduler, SchedulerConfig
 from batchsim.scheduler.registry import POLICIES
 from batchsim.simulation import Result

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsim.cost import OP_NAMES, BatchShape, RooflineCostModel, vceil, vmax
+from batchsim.catalog.hardware import load_hardware
+from batchsim.catalog.model import load_model
+from batchsim.cost import OP_NAMES, BatchShape, RooflineCostModel
+from batchsim.cost.model import vceil, vmax
 from batchsim.errors import ConfigError
-from batchsim.hardware import load_hardware
-from batchsim.model import load_model
 
 A100_BW = 2.039e12
 A100_PEAK = 312e12
@@ -310,7 +311,7 @@ def test_deepseek_v3_prices_dense_and_moe_layers(a100):
 
 
 def test_every_builtin_gpu_prices_a_mixed_iteration(llama7b):
-    from batchsim.hardware import list_hardware
+    from batchsim.catalog.hardware import list_hardware
 
     shape = BatchShape.from_requests([256, 1, 1, 1], [512, 100, 2000, 30])
     for hw in list_hardware():

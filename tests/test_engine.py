@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 import batchsim
 from batchsim.catalog import catalog_dir
 from batchsim.config import validate_experiment
-from batchsim.engine import Engine
-from batchsim.metrics import weighted_percentiles
+from batchsim.engine.engine import Engine
+from batchsim.metrics.summary import weighted_percentiles
 from batchsim.simulation import Result, simulate
 from conftest import SUMMARY_KEYS, assert_same_run, capture_engines, tiny_experiment
 

@@ -1,4 +1,4 @@
-"""Claims about batchsim.hardware: profiles load, are sourced, convert to SI, reject bad input."""
+"""Claims about batchsim.catalog.hardware: profiles load, are sourced, convert to SI, reject bad input."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 from batchsim.catalog import catalog_dir, catalog_names
-from batchsim.errors import ConfigError
-from batchsim.hardware import (
+from batchsim.catalog.hardware import (
     CPU_OVERHEAD_DEFAULTS,
     EFFICIENCY_KEYS,
     EfficiencyKey,
@@ -19,6 +18,7 @@ from batchsim.hardware import (
     list_hardware,
     load_hardware,
 )
+from batchsim.errors import ConfigError
 
 HARDWARE_NAMES = catalog_names("hardware_profiles")
 REQUIRED_PROFILES = {

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsim.config import validate_experiment
-from batchsim.engine import Engine
-from batchsim.request import RequestStatus
+from batchsim.engine.engine import Engine
+from batchsim.engine.request import RequestStatus
 from batchsim.simulation import Result, simulate
 from conftest import assert_same_run, capture_engines, tiny_experiment
 

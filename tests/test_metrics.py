@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
-from batchsim.metrics import ItlLog
+from batchsim.metrics.logs import ItlLog
 from conftest import tiny_experiment
 
 

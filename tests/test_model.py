@@ -1,4 +1,4 @@
-"""Claims about batchsim.model: derived parameter counts, weight and KV bytes, loading, errors."""
+"""Claims about batchsim.catalog.model: derived parameter counts, weight and KV bytes, loading, errors."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 import yaml
 
 from batchsim.catalog import catalog_dir, catalog_names
-from batchsim.errors import ConfigError
-from batchsim.model import (
+from batchsim.catalog.model import (
     DTYPE_BYTES,
     ModelSpec,
     load_model,
     model_table,
     resolve_kv_dtype,
 )
+from batchsim.errors import ConfigError
 
 MODEL_NAMES = catalog_names("models")
 REQUIRED_MODELS = {

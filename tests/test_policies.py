@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from batchsim.request import RequestStatus
+from batchsim.engine.request import RequestStatus
 from conftest import create_requests, create_scheduler, step
 
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from batchsim.catalog.model import load_model
 from batchsim.cli import main
 from batchsim.cost import OP_NAMES
-from batchsim.model import load_model
 
 BASE = ["roofline", "--model", "llama-2-7b", "--hardware", "a100-80gb"]
 

@@ -10,7 +10,7 @@ after the running ones, and new requests are admitted only once none is left swa
 
 from __future__ import annotations
 
-from batchsim.request import Request
+from batchsim.engine.request import Request
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 

@@ -17,7 +17,7 @@ admitted while any is left swapped out.
 
 from __future__ import annotations
 
-from batchsim.request import Request
+from batchsim.engine.request import Request
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 

@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from batchsim.cost import BatchShape
-from batchsim.kv_cache import KVCacheManager, num_blocks_for
-from batchsim.metrics import ItlLog
-from batchsim.request import Request, RequestStatus
+from batchsim.engine.kv_cache import KVCacheManager, num_blocks_for
+from batchsim.engine.request import Request, RequestStatus
+from batchsim.metrics.logs import ItlLog
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
 

@@ -1,6 +1,6 @@
 """What one iteration runs: the scheduler's decision, handed to the cost model and the engine.
 
-This module imports only :mod:`batchsim.request` and :mod:`batchsim.cost`.
+This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.cost`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from batchsim.cost import BatchShape
-from batchsim.request import Request
+from batchsim.engine.request import Request
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ prompt tokens back to back and skips finished rows (their slots still stay empty
 
 from __future__ import annotations
 
-from batchsim.request import Request
+from batchsim.engine.request import Request
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 

@@ -5,13 +5,13 @@ blocks for the tokens it has computed or reserved. Capacity comes from memory:
 ``(memory x gpu_memory_utilization - weights - activation reserve) / bytes per block``, per GPU
 under tensor parallelism (each GPU holds its share of every block).
 
-This module imports only :mod:`batchsim.request` and :mod:`batchsim.errors`.
+This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.errors`.
 """
 
 from __future__ import annotations
 
+from batchsim.engine.request import Request
 from batchsim.errors import ConfigError
-from batchsim.request import Request
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:

@@ -47,8 +47,8 @@ import numpy as np
 import simpy
 
 from batchsim.cost import IterationCost, RooflineCostModel
-from batchsim.metrics import IterationLog, RequestLog
-from batchsim.request import Request
+from batchsim.engine.request import Request
+from batchsim.metrics.logs import IterationLog, RequestLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 from batchsim.workload import RequestTable
@@ -242,7 +242,7 @@ class Engine:
                 self._left(request, times.last_end)
 
     def _batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
-        """The :data:`~batchsim.metrics.BATCH_COLUMNS` of an iteration."""
+        """The :data:`~batchsim.metrics.logs.BATCH_COLUMNS` of an iteration."""
         shape = output.shape
         swap_in, swap_out = output.num_swap_in_blocks, output.num_swap_out_blocks
         return (
@@ -436,7 +436,7 @@ class Engine:
 
 
 def _run_row(start: float, steps: int, duration: float, cost: IterationCost, batch: tuple):
-    """A row of :data:`~batchsim.metrics.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
+    """A row of :data:`~batchsim.metrics.logs.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
     iterations of ``duration`` from ``start``, the first costing ``cost``."""
     return (
         start,

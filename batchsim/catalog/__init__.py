@@ -12,7 +12,7 @@ from pathlib import Path
 
 from batchsim.errors import ConfigError
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
 KINDS = ("hardware_profiles", "models", "workloads", "experiments")
 
 
