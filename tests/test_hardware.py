@@ -1,4 +1,5 @@
-"""Claims about batchsim.catalog.hardware: profiles load, are sourced, convert to SI, reject bad input."""
+"""Claims about batchsim.catalog.hardware: profiles load, are sourced, convert to SI, reject
+bad input."""
 
 from __future__ import annotations
 

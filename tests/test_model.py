@@ -1,4 +1,5 @@
-"""Claims about batchsim.catalog.model: derived parameter counts, weight and KV bytes, loading, errors."""
+"""Claims about batchsim.catalog.model: derived parameter counts, weight and KV bytes,
+loading, errors."""
 
 from __future__ import annotations
 
