@@ -56,13 +56,18 @@ class EngineConfig(ConfigModel):
     """CPU time per iteration (ms); default: the hardware profile's ``cpu_overhead.base_ms``."""
     cpu_overhead_per_seq_ms: float | None = Field(None, ge=0)
     """Extra CPU time per request in the iteration (ms); default: from the hardware profile."""
+    watermark: float = Field(0.01, ge=0, lt=1)
+    """Fraction of KV blocks admission keeps free (vLLM's block-manager watermark): a waiting
+    request is admitted, or a swapped one resumed, only if this many blocks stay free after
+    its allocation; running requests may grow into them."""
     swap_space_gib: float = Field(4.0, ge=0)
     """Host memory per GPU for KV blocks preempted by swapping (GiB; vLLM's ``swap_space``).
     Used with ``scheduler.preemption_mode: swap``."""
     async_scheduling: bool = False
     """Overlap the CPU work of an iteration with the previous GPU step (vLLM V1 async)."""
     fast_forward: bool = True
-    """Advance decode-only stretches in one step (same results; off only to cross-check)."""
+    """Advance decode-only stretches in one step, for policies that declare
+    ``decode_stretches`` (same results; off only to cross-check)."""
 
 
 class SloConfig(ConfigModel):

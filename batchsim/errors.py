@@ -38,3 +38,9 @@ class ConfigError(BatchsimError, ValueError):
         if self.source:
             return self
         return ConfigError(self.message, source, line if line is not None else self.line)
+
+
+class PolicyError(ConfigError):
+    """A batching policy written outside batchsim (``package.module:Class``) broke a rule of
+    the scheduler interface: it raised, returned something that is not an iteration, or
+    stopped making progress. The message names the policy and the rule."""

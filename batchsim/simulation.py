@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -178,11 +179,17 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     engine_cfg = config.engine
     hardware = setup.hardware
     policy_cls = load_policy(config.scheduler.policy)
-    kv = KVCacheManager(setup.num_gpu_blocks, engine_cfg.block_size, setup.num_cpu_blocks)
-    max_len = engine_cfg.max_model_len or setup.model.max_position_embeddings
-    scheduler = policy_cls(
-        config.scheduler, kv, window=setup.model.sliding_window, max_model_len=max_len
+    policy_cls.check_config(config.scheduler)
+    window = setup.model.sliding_window
+    kv = KVCacheManager(
+        setup.num_gpu_blocks,
+        engine_cfg.block_size,
+        setup.num_cpu_blocks,
+        window=window,
+        watermark_blocks=int(engine_cfg.watermark * setup.num_gpu_blocks),
     )
+    max_len = engine_cfg.max_model_len or setup.model.max_position_embeddings
+    scheduler = policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
     options = EngineOptions(
         cpu_overhead_base=(
             engine_cfg.cpu_overhead_ms / 1e3
@@ -203,16 +210,16 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
     requests = engine.request_log.to_columns()
     iterations = engine.iterations
+    workload = config.workload
+    rate = workload.arrival.mean_rate() if workload.arrival is not None else math.nan
     summary = summarize(
-        requests,
+        engine.request_log,
         iterations,
-        scheduler.itl,
-        num_preemptions=scheduler.num_preemptions,
-        num_swaps=scheduler.num_swaps,
-        max_kv_cache_usage=kv.max_used_blocks / kv.num_blocks,
+        requests=requests,
         slo=config.slo.model_dump() if config.slo else None,
         warmup_s=config.metrics.warmup_s,
         cooldown_s=config.metrics.cooldown_s,
+        request_rate=rate,
     )
     summary["num_gpu_blocks"] = kv.num_blocks
     summary["kv_cache_capacity_tokens"] = kv.capacity_tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -16,6 +17,7 @@ from batchsim.engine.engine import Engine
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.engine.request import Request
 from batchsim.scheduler.interface import Scheduler, SchedulerConfig
+from batchsim.scheduler.output import StepTimes
 from batchsim.scheduler.registry import POLICIES
 from batchsim.simulation import Result
 
@@ -58,12 +60,15 @@ def create_scheduler(
     window: int | None = None,
     max_model_len: int | None = None,
     num_cpu_blocks: int = 0,
+    watermark_blocks: int = 0,
     **config: Any,
 ) -> Scheduler:
     """A policy over a KV pool of ``num_blocks`` blocks (and ``num_cpu_blocks`` of host swap
     space), driven directly by the test."""
     cfg = SchedulerConfig(policy=policy, **config)
-    kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks)
+    kv = KVCacheManager(
+        num_blocks, block_size, num_cpu_blocks, window=window, watermark_blocks=watermark_blocks
+    )
     return POLICIES[policy](cfg, kv, window=window, max_model_len=max_model_len)
 
 
@@ -81,10 +86,17 @@ def create_requests(
     ]
 
 
+_ITERATIONS: weakref.WeakKeyDictionary[Scheduler, int] = weakref.WeakKeyDictionary()
+
+
 def step(scheduler: Scheduler, now: float, duration: float = 1.0):
     """One iteration of ``duration`` seconds: schedule, then apply its output."""
-    output = scheduler.schedule(now)
-    finished = scheduler.update_from_output(output, [now + duration]) if output.requests else []
+    output = scheduler.schedule_iteration(now)
+    if not output.requests:
+        return output, []
+    index = _ITERATIONS.get(scheduler, 0)
+    _ITERATIONS[scheduler] = index + 1
+    finished = scheduler.update_from_output(output, StepTimes(index, now, now + duration))
     return output, finished
 
 

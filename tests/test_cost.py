@@ -74,10 +74,20 @@ def test_from_requests_pads_prefills_to_the_longest_and_padding_does_not_sample(
 
 def test_from_requests_caps_cached_keys_at_the_sliding_window():
     shape = BatchShape.from_requests([1, 10], [10_000, 4090], window=4096)
-    assert shape.kv_read_tokens == 4096 + 4090
+    # A query attends to the last 4096 positions, itself included: the decode reads 4095
+    # cached tokens; the chunk's first query still reaches back to position 0.
+    assert shape.kv_read_tokens == 4095 + 4090
     # decode sees 4096 keys; the chunk's queries see 4091..4096 then 4096 for the rest
     chunk = sum(min(4090 + j + 1, 4096) for j in range(10))
     assert shape.attn_pairs == 4096 + chunk
+
+
+def test_mistral_8000_token_prefill_counts_pairs_inside_the_window():
+    # Brute force over the causal mask with a 4096-key window: query i sees keys
+    # max(0, i - 4095) .. i.
+    expected = sum(i - max(0, i - 4095) + 1 for i in range(8000))
+    assert expected == 24_381_440
+    assert BatchShape.prefill(8000, window=4096).attn_pairs == expected
 
 
 def test_decode_and_prefill_constructors_match_from_requests():

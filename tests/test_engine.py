@@ -19,8 +19,12 @@ from hypothesis import strategies as st
 
 import batchsim
 from batchsim.catalog import catalog_dir
+from batchsim.catalog.model import load_model
 from batchsim.config import validate_experiment
+from batchsim.cost import BatchShape
 from batchsim.engine.engine import Engine
+from batchsim.engine.stretch import StretchRunner
+from batchsim.errors import ConfigError
 from batchsim.metrics.summary import weighted_percentiles
 from batchsim.simulation import Result, simulate
 from conftest import SUMMARY_KEYS, assert_same_run, capture_engines, tiny_experiment
@@ -135,6 +139,23 @@ def test_arrival_exactly_at_iteration_end_is_scheduled_at_that_boundary(tmp_path
     else:
         assert b["first_scheduled_time_s"] == end_of_prefill
         assert b["queue_delay_ms"] == 0.0
+
+
+# ----------------------------------------------------------------------------- dynamic's timer
+
+
+@pytest.mark.parametrize("later_arrival", [False, True])
+def test_dynamic_batch_waits_for_its_timer_whether_or_not_more_requests_will_come(
+    tmp_path, later_arrival
+):
+    # Three requests at t=0 with B=8 and max_wait 100 ms: dynamic batching decides by its
+    # queue and its timer only, so it launches at t=0.1 s, not at once because nothing else
+    # is coming.
+    rows = [(0.0, 32, 4)] * 3 + ([(5.0, 32, 4)] if later_arrival else [])
+    trace = write_trace(tmp_path / "t.csv", rows)
+    result = sim(experiment(trace, {"policy": "dynamic", "max_num_seqs": 8, "max_wait_ms": 100}))
+    first = result.iterations.iloc[0]
+    assert first["start_time_s"] == 0.1 and first["num_seqs"] == 3
 
 
 # ----------------------------------------------------------------------------- idle engine
@@ -288,8 +309,8 @@ def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step():
 
 def count_stretches(run: Any) -> tuple[Any, int]:
     """``run()``'s result and how many decode stretches it advanced in one go."""
-    price_stretch = Engine._price_stretch
-    with mock.patch.object(Engine, "_price_stretch", autospec=True, side_effect=price_stretch) as m:
+    price_stretch = StretchRunner.run
+    with mock.patch.object(StretchRunner, "run", autospec=True, side_effect=price_stretch) as m:
         result = run()
     return result, m.call_count
 
@@ -357,8 +378,8 @@ def test_fast_forward_is_exact_when_a_sliding_window_caps_the_context(policy):
     workload = poisson(12, 4.0, uniform(3900, 4090), uniform(20, 400))
     scheduler = {"policy": policy, "max_num_seqs": 4, "max_num_batched_tokens": 8192}
     data = experiment(workload, scheduler, model="mistral-7b")
-    capped = Engine._price_stretch_arrays
-    with mock.patch.object(Engine, "_price_stretch_arrays", autospec=True, side_effect=capped) as m:
+    capped = StretchRunner._run_arrays
+    with mock.patch.object(StretchRunner, "_run_arrays", autospec=True, side_effect=capped) as m:
         fast = sim(data)
     slow = sim(experiment(workload, scheduler, {"fast_forward": False}, model="mistral-7b"))
     assert m.call_count > 0  # some stretches grew past the window
@@ -366,6 +387,92 @@ def test_fast_forward_is_exact_when_a_sliding_window_caps_the_context(policy):
 
 
 # ----------------------------------------------------------------------------- the knee
+
+
+# ----------------------------------------------------------------------------- padding
+
+
+@pytest.mark.parametrize("padding", [True, False])
+def test_static_padding_keeps_finished_rows_and_the_padded_cache_in_every_decode(tmp_path, padding):
+    # Prompts 100 and 300, outputs 3 and 6, batch of 2. Naive batched generation keeps a
+    # rectangular KV cache: every decode step reads both rows at the longest prompt plus the
+    # steps so far, finished row included, and each slot reserves 300 + 6 tokens.
+    trace = write_trace(tmp_path / "t.csv", [(0.0, 100, 3), (0.0, 300, 6)])
+    result = sim(
+        experiment(
+            trace,
+            {"policy": "static", "max_num_seqs": 2, "padding": padding},
+            {"num_gpu_blocks": 1000},
+        )
+    )
+    it = result.iterations
+    assert len(it) == 6  # one prefill, five decodes
+    # KV traffic of a decode step: the K and V of every cached and new key read, and of the
+    # new tokens written, for each row attention runs.
+    per_token = load_model("llama-2-7b").kv_bytes_per_token("bf16")
+    steps = np.arange(1, 6)
+    if padding:  # two rows at 300 + s - 1 cached tokens each, finished or not
+        keys = 2 * (300 + steps - 1) + 2 * 2
+        assert (it["num_seqs"] + it["num_padding_tokens"]).iloc[1:].eq(2).all()
+        assert it["kv_cache_usage"].iloc[0] * 1000 == 2 * math.ceil(306 / 16)
+    else:  # a (100 + s - 1 cached) decodes twice more, b (300 + s - 1) five times
+        live_a = steps <= 2
+        keys = (300 + steps - 1) + 2 + np.where(live_a, (100 + steps - 1) + 2, 0)
+        assert it["kv_cache_usage"].iloc[0] * 1000 == math.ceil(103 / 16) + math.ceil(306 / 16)
+    np.testing.assert_allclose(it["kv_bytes"].iloc[1:], keys * per_token, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- sliding window
+
+
+def test_sliding_window_prices_a_long_prefill_with_the_pairs_inside_the_window():
+    # Mistral-7B (4096-key window): an 8000-token prompt computes 24,381,440 causal pairs
+    # (brute force in test_cost), not the 32,004,000 of full attention.
+    data = experiment(offline(1, fixed(8000), fixed(1)), model="mistral-7b")
+    result, engine = sim_with_engine(data)
+    windowed = BatchShape(
+        num_seqs=1, num_prefill_tokens=8000, num_sampled_tokens=1, attn_pairs=24_381_440
+    )
+    expected = engine.cost_model.estimate(windowed).flops
+    assert result.iterations["flops"].iloc[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_sliding_window_frees_the_kv_blocks_that_fall_out_of_the_window():
+    # A 1000 + 6000-token sequence on Mistral-7B holds at most the blocks of one window
+    # (4096 / 16 = 256, plus the block the newest token starts), not the 438 of its length.
+    data = experiment(
+        offline(1, fixed(1000), fixed(6000)), engine={"num_gpu_blocks": 1000}, model="mistral-7b"
+    )
+    result = sim(data)
+    blocks = np.rint(result.iterations["kv_cache_usage"].to_numpy() * 1000)
+    assert blocks.max() == 257 and blocks[-1] in (256, 257)
+    assert result.summary["completed"] == 1
+
+
+# ----------------------------------------------------------------------------- watermark
+
+
+def test_admission_keeps_the_watermark_free_but_running_requests_may_use_it(tmp_path):
+    # 100 blocks of 16 tokens, watermark 1 %: a 1584-token request (99 blocks) is admitted;
+    # a 1600-token one (100 blocks) never fits above the watermark.
+    trace = write_trace(tmp_path / "t.csv", [(0.0, 1564, 20), (0.0, 1590, 10)])
+    result = sim(experiment(trace, engine={"num_gpu_blocks": 100}))
+    req = result.requests
+    assert list(req["status"]) == ["finished", "rejected"]
+    assert "above the admission watermark" in req["reject_reason"].iloc[1]
+    without = sim(experiment(trace, engine={"num_gpu_blocks": 100, "watermark": 0}))
+    assert list(without.requests["status"]) == ["finished", "finished"]
+
+
+def test_batch_token_budget_below_the_batch_cap_is_a_config_error():
+    data = experiment(
+        offline(4, fixed(16), fixed(4)),
+        {"policy": "continuous", "max_num_seqs": 64, "max_num_batched_tokens": 32},
+    )
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens must be >= .*max_num_seqs"):
+        sim(data)
+    static = {"policy": "static", "max_num_seqs": 64, "max_num_batched_tokens": 32}
+    assert sim(experiment(offline(4, fixed(16), fixed(4)), static)).summary["completed"] == 4
 
 
 def test_throughput_rises_with_batch_cap_and_flattens_past_the_knee():

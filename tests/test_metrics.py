@@ -1,6 +1,11 @@
-"""Summary arithmetic: warm-up/cool-down trimming and goodput."""
+"""Summary arithmetic: one counting window, ITL of counted requests, vLLM's peak metrics."""
 
 from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -8,13 +13,51 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
-from batchsim.metrics.logs import ItlLog
+from batchsim.metrics.logs import inter_token_gaps
+from batchsim.scheduler.interface import Scheduler
 from conftest import tiny_experiment
 
 
 @pytest.fixture(scope="module")
 def full():
     return batchsim.run(tiny_experiment(seed=3))
+
+
+def run_recording_tokens(exp: dict[str, Any]) -> tuple[batchsim.Result, dict[int, list[float]]]:
+    """Run one iteration at a time and record, outside the code under test, when every
+    request got each of its tokens: after each iteration, the requests whose output count
+    grew got a token at that iteration's end."""
+    times: dict[int, list[float]] = defaultdict(list)
+    apply = Scheduler.update_from_output
+
+    def recording(self, output, step):
+        before = [r.num_output_tokens for r in output.requests]
+        finished = apply(self, output, step)
+        for request, count in zip(output.requests, before):
+            times[request.request_id] += [step.end] * (request.num_output_tokens - count)
+        return finished
+
+    exp = {**exp, "engine": {**exp.get("engine", {}), "fast_forward": False}}
+    with mock.patch.object(Scheduler, "update_from_output", recording):
+        result = batchsim.run(exp)
+    return result, times
+
+
+def counted(result: batchsim.Result, warmup: float, cooldown: float):
+    req = result.requests
+    arrivals = req["arrival_time_s"]
+    inside = (arrivals >= arrivals.min() + warmup) & (arrivals <= arrivals.max() - cooldown)
+    return req[inside]
+
+
+CANCELLING = tiny_experiment(
+    seed=5,
+    workload={
+        "num_requests": 80,
+        "arrival": {"process": "poisson", "rate": 10.0},
+        "cancel_after_ms": {"dist": "uniform", "min": 100, "max": 3000},
+    },
+)
 
 
 def test_warmup_and_cooldown_count_only_requests_arriving_inside_the_window(full):
@@ -30,10 +73,150 @@ def test_warmup_and_cooldown_count_only_requests_arriving_inside_the_window(full
     assert trimmed.requests.equals(full.requests)
 
 
-def test_trimmed_itl_keeps_only_gaps_inside_the_counted_window(full):
-    trimmed = batchsim.run(tiny_experiment(seed=3, metrics={"warmup_s": 2.0}))
-    assert trimmed.summary["mean_itl_ms"] != full.summary["mean_itl_ms"]
-    assert np.isfinite(trimmed.summary["p99_itl_ms"])
+@pytest.mark.parametrize("warmup,cooldown", [(0.0, 0.0), (1.5, 1.0)])
+def test_itl_pools_the_gaps_of_counted_finished_requests_only(warmup, cooldown):
+    exp = {**CANCELLING, "metrics": {"warmup_s": warmup, "cooldown_s": cooldown}}
+    result, times = run_recording_tokens(exp)
+    inside = counted(result, warmup, cooldown)
+    assert (inside["status"] == "cancelled").sum() > 5  # cancelled requests did get tokens
+    gaps = np.concatenate(
+        [np.diff(times[rid]) for rid in inside.loc[inside["status"] == "finished", "request_id"]]
+    )
+    s = result.summary
+    assert s["mean_itl_ms"] == pytest.approx(gaps.mean() * 1e3, rel=1e-9)
+    assert s["std_itl_ms"] == pytest.approx(gaps.std() * 1e3, rel=1e-6)
+    for p in (50, 90, 99):
+        key = "median_itl_ms" if p == 50 else f"p{p}_itl_ms"
+        assert s[key] == pytest.approx(np.percentile(gaps, p) * 1e3, rel=1e-9), key
+    # and fast-forwarding changes nothing
+    fast = batchsim.run(exp)
+    assert fast.summary["p99_itl_ms"] == pytest.approx(s["p99_itl_ms"], rel=1e-9)
+
+
+def test_mean_itl_is_the_time_after_the_first_token_over_the_tokens_after_it():
+    # Telescoping: a request's gaps sum to finish - first token, and it has outputs - 1 of them.
+    result = batchsim.run({**CANCELLING, "metrics": {"warmup_s": 1.0}})
+    done = counted(result, 1.0, 0.0)
+    done = done[done["status"] == "finished"]
+    span = (done["finish_time_s"] - done["first_token_time_s"]).sum()
+    assert result.summary["mean_itl_ms"] == pytest.approx(
+        span / (done["output_tokens"] - 1).sum() * 1e3, rel=1e-9
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.data(),
+    num_iterations=st.integers(1, 60),
+    num_requests=st.integers(0, 6),
+)
+def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(
+    data, num_iterations, num_requests
+):
+    ends = np.cumsum(
+        data.draw(st.lists(st.floats(0.001, 3.0), min_size=num_iterations, max_size=num_iterations))
+    )
+    expected: list[float] = []
+    firsts: list[int] = []
+    lasts: list[int] = []
+    is_first: list[bool] = []
+    for _ in range(num_requests):
+        iterations = sorted(data.draw(st.sets(st.integers(0, num_iterations - 1), min_size=1)))
+        expected += np.diff(ends[iterations]).tolist()
+        start = iterations[0]  # runs of consecutive iterations
+        for prev, cur in zip(iterations, [*iterations[1:], None]):
+            if cur != prev + 1:
+                firsts.append(start)
+                lasts.append(prev)
+                is_first.append(start == iterations[0])
+                start = cur
+    values, weights = inter_token_gaps(
+        np.array(firsts, dtype=np.int64),
+        np.array(lasts, dtype=np.int64),
+        np.array(is_first, dtype=bool),
+        ends,
+    )
+    got = np.repeat(values, weights)
+    np.testing.assert_allclose(np.sort(got), np.sort(expected), rtol=1e-12)
+
+
+def test_a_saturated_engine_is_busy_for_the_whole_counted_span():
+    # Arrivals far faster than service keep the engine busy from the first arrival on; the
+    # iteration statistics must cover the same span as the duration.
+    exp = tiny_experiment(
+        seed=2,
+        workload={"num_requests": 120, "arrival": {"process": "poisson", "rate": 200.0}},
+        metrics={"warmup_s": 0.1, "cooldown_s": 0.1},
+    )
+    s = batchsim.run(exp).summary
+    assert s["busy_fraction"] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_iteration_statistics_count_the_iterations_starting_inside_the_counted_span():
+    exp = {**CANCELLING, "metrics": {"warmup_s": 1.0, "cooldown_s": 1.5}}
+    exp["engine"] = {"num_gpu_blocks": 60}  # preemptions
+    result = batchsim.run(exp)
+    inside = counted(result, 1.0, 1.5)
+    t0 = inside["arrival_time_s"].min()
+    t1 = inside.loc[inside["status"] == "finished", "finish_time_s"].max()
+    it = result.iterations
+    span = it[(it["start_time_s"] >= t0) & (it["start_time_s"] < t1)]
+    assert len(span) < len(it)
+    s = result.summary
+    assert s["duration"] == pytest.approx(t1 - t0, rel=1e-12)
+    assert s["mean_batch_size"] == pytest.approx(span["num_seqs"].mean(), rel=1e-12)
+    assert s["num_preemptions"] == span["num_preempted"].sum() > 0
+    assert s["num_swaps"] == span["num_swapped_out"].sum()
+    assert s["compute_bound_fraction"] == pytest.approx((span["bound"] == "compute").mean())
+    tokens = span[["num_prefill_tokens", "num_decode_tokens", "num_padding_tokens"]].sum()
+    assert s["padding_fraction"] == pytest.approx(tokens["num_padding_tokens"] / tokens.sum())
+    assert s["max_kv_cache_usage"] == pytest.approx(span["kv_cache_usage"].max(), rel=1e-12)
+    end = span["start_time_s"] + span["duration_ms"] / 1e3
+    inside_time = np.minimum(end, t1) - np.maximum(it["start_time_s"], t0).loc[span.index]
+    assert s["busy_fraction"] <= 1 + 1e-12
+    assert s["busy_fraction"] >= inside_time.sum() / (t1 - t0) - 1e-12
+    assert s["num_iterations"] == len(it)
+
+
+def test_without_trimming_preemptions_are_those_of_the_requests():
+    result = batchsim.run({**CANCELLING, "engine": {"num_gpu_blocks": 60}})
+    assert result.summary["num_preemptions"] == result.requests["num_preemptions"].sum() > 0
+
+
+def test_vllm_benchmark_fields_have_their_vllm_meaning():
+    result, times = run_recording_tokens(CANCELLING)
+    req = result.requests
+    s = result.summary
+    done = req[req["status"] == "finished"]
+    assert s["num_prompts"] == s["num_requests"] == len(req)
+    assert (
+        s["failed"] == (req["status"] != "finished").sum() == s["num_rejected"] + s["num_cancelled"]
+    )
+    assert s["request_rate"] == 10.0
+    # Brute force, as vLLM's benchmark counts: one-second buckets from the first successful
+    # request's start; tokens of successful requests; a request occupies every bucket from its
+    # start's to its end's.
+    origin = done["arrival_time_s"].min()
+    buckets: dict[int, int] = defaultdict(int)
+    for rid in done["request_id"]:
+        for t in times[rid]:
+            buckets[int(t - origin)] += 1
+    assert s["max_output_tokens_per_s"] == max(buckets.values())
+    in_flight: dict[int, int] = defaultdict(int)
+    for start, end in zip(done["arrival_time_s"], done["finish_time_s"]):
+        for second in range(int(start - origin), int(end - origin) + 1):
+            in_flight[second] += 1
+    assert s["max_concurrent_requests"] == max(in_flight.values())
+
+
+def test_request_rate_is_infinite_all_at_once_and_unknown_in_a_closed_loop():
+    # summary.json writes both as null
+    burst = tiny_experiment(workload={"arrival": {"process": "all_at_once"}})
+    assert batchsim.run(burst).summary["request_rate"] == math.inf
+    closed = tiny_experiment()
+    closed["workload"] = {**closed["workload"], "concurrency": 4}
+    del closed["workload"]["arrival"]
+    assert math.isnan(batchsim.run(closed).summary["request_rate"])
 
 
 def test_goodput_counts_requests_meeting_every_slo(full):
@@ -67,43 +250,14 @@ def test_iteration_log_read_in_small_windows_equals_the_whole_table(full):
 def test_iteration_totals_inside_a_window_match_the_table(full):
     it = full.iterations
     lo, hi = float(it["start_time_s"].quantile(0.3)), float(it["start_time_s"].quantile(0.8))
-    inside = it[(it["start_time_s"] >= lo) & (it["start_time_s"] <= hi)]
+    inside = it[(it["start_time_s"] >= lo) & (it["start_time_s"] < hi)]
     totals = full.iteration_log.totals(lo, hi)
-    assert totals["num_iterations"] == len(it)
     assert totals["num_counted"] == len(inside)
     assert totals["num_compute_bound"] == (inside["bound"] == "compute").sum()
     for key in ("num_seqs", "num_slots", "num_decode_tokens", "cpu_time_ms", "duration_ms"):
         assert totals[key] == pytest.approx(inside[key].sum(), rel=1e-12), key
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    runs=st.lists(
-        st.tuples(
-            st.floats(0, 100, allow_nan=False),
-            st.floats(0, 2, allow_nan=False),
-            st.integers(1, 4),
-            st.integers(0, 5),
-            st.integers(0, 40),
-        ),
-        min_size=1,
-        max_size=20,
-    ),
-    bounds=st.tuples(st.floats(-10, 200), st.floats(-10, 200)),
-)
-def test_itl_runs_trimmed_to_a_window_equal_the_expanded_gaps(runs, bounds):
-    # A run's gaps end at start + j x gap; trimming counts exactly those inside [lo, hi].
-    lo, hi = min(bounds), max(bounds)
-    log = ItlLog()
-    expected: dict[float, int] = {}
-    for start, gap, count, first, length in runs:
-        last = first + length - 1
-        log.add_run(start, gap, count, first, last)
-        for j in range(first, last + 1):
-            if lo <= start + gap * j <= hi:
-                expected[gap] = expected.get(gap, 0) + count
-    gaps, weights = log.samples(lo, hi)
-    got: dict[float, int] = {}
-    for g, w in zip(gaps.tolist(), weights.tolist()):
-        got[g] = got.get(g, 0) + w
-    assert got == expected
+    # busy time: the part of every iteration that lies inside [lo, hi], brute force
+    start = it["start_time_s"].to_numpy()
+    end = start + it["duration_ms"].to_numpy() / 1e3
+    overlap = sum(max(0.0, min(e, hi) - max(b, lo)) for b, e in zip(start, end))
+    assert totals["busy_s"] == pytest.approx(overlap, rel=1e-12)

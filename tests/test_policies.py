@@ -7,6 +7,7 @@ import math
 import pytest
 
 from batchsim.engine.request import RequestStatus
+from batchsim.engine.stretch import repeat_limit
 from conftest import create_requests, create_scheduler, step
 
 
@@ -118,7 +119,7 @@ def test_static_batch_keeps_finished_slot_empty_until_batch_ends():
         assert out.requests == [b]  # c waits: membership is fixed
         assert out.num_slots == 2 and out.num_empty_slots == 1
         assert out.shape.num_padding_tokens == 1  # the empty row is still computed
-    s.arrivals_pending = False
+    s.set_end_of_input(True)
     out, _ = step(s, 5.0)
     assert out.requests == [c]  # a new batch only after the whole batch ended
 
@@ -144,25 +145,25 @@ def test_static_waits_for_a_full_batch_unless_arrivals_are_over():
     s = create_scheduler("static", max_num_seqs=4)
     for r in create_requests(3):
         s.add_request(r)
-    assert s.schedule(0.0).is_empty
-    s.arrivals_pending = False
-    assert s.schedule(0.0).num_seqs == 3
+    assert s.schedule_iteration(0.0).is_empty
+    s.set_end_of_input(True)
+    assert s.schedule_iteration(0.0).num_seqs == 3
 
 
 def test_dynamic_launches_when_oldest_request_waited_max_wait():
     s = create_scheduler("dynamic", max_num_seqs=8, max_wait_ms=100)
     (r,) = create_requests(1, arrival=1.0)
     s.add_request(r)
-    assert s.schedule(1.05).is_empty
+    assert s.schedule_iteration(1.05).is_empty
     assert s.next_timer(1.05) == 1.0 + 0.1
-    assert s.schedule(1.1).num_seqs == 1
+    assert s.schedule_iteration(1.1).num_seqs == 1
 
 
 def test_dynamic_launches_early_when_batch_is_full():
     s = create_scheduler("dynamic", max_num_seqs=2, max_wait_ms=1000)
     for r in create_requests(2, arrival=0.0):
         s.add_request(r)
-    assert s.schedule(0.0).num_seqs == 2
+    assert s.schedule_iteration(0.0).num_seqs == 2
 
 
 def test_kv_exhaustion_preempts_latest_request_by_recompute():
@@ -175,7 +176,7 @@ def test_kv_exhaustion_preempts_latest_request_by_recompute():
     out, _ = step(s, 1.0)  # decode: a takes the 3rd block, b cannot grow -> b preempted
     assert out.requests == [a] and out.preempted == [b]
     assert b.status == RequestStatus.WAITING and b.num_computed_tokens == 0
-    assert b.num_preemptions == 1 and s.num_preemptions == 1
+    assert b.num_preemptions == 1
     assert b.num_output_tokens == 1  # the sampled token is kept; its KV is recomputed
 
 
@@ -220,7 +221,7 @@ def test_swap_mode_moves_the_victims_blocks_to_host_and_resumes_it_without_recom
     assert out.num_swap_out_blocks == 1 and out.num_swap_in_blocks == 0
     assert b.status == RequestStatus.SWAPPED and b.num_computed_tokens == 16
     assert b.num_cpu_blocks == 1 and s.kv_cache.num_free_cpu_blocks == 3
-    assert b.num_preemptions == b.num_swaps == 1 and s.num_swaps == 1
+    assert b.num_preemptions == b.num_swaps == 1 and out.num_swapped_out == 1
     prefill_tokens = {a.request_id: 0, b.request_id: 0}
     swapped_in = []
     t = 2.0
@@ -241,10 +242,10 @@ def test_swap_mode_moves_the_victims_blocks_to_host_and_resumes_it_without_recom
 
 
 def test_swap_mode_recomputes_when_the_host_swap_space_is_full():
-    s, _, b, out = two_requests_one_preempted(num_cpu_blocks=0)
+    _, _, b, out = two_requests_one_preempted(num_cpu_blocks=0)
     assert out.preempted == [b] and out.num_swap_out_blocks == 0
     assert b.status == RequestStatus.WAITING and b.num_computed_tokens == 0
-    assert b.num_preemptions == 1 and b.num_swaps == 0 and s.num_swaps == 0
+    assert b.num_preemptions == 1 and b.num_swaps == 0 and out.num_swapped_out == 0
 
 
 def test_no_new_prompt_is_admitted_while_a_request_is_swapped_out():
@@ -286,6 +287,23 @@ def test_decode_stretch_is_bounded_by_first_completion():
     s.add_request(a)
     s.add_request(b)
     step(s, 0.0)
-    out = s.schedule(1.0)
+    out = s.schedule_iteration(1.0)
     assert out.is_decode_only
-    assert s.max_repeat_steps(out) == 3  # b has 3 tokens left
+    assert repeat_limit(s, out) == 3  # b has 3 tokens left
+
+
+def test_admission_leaves_the_watermark_free_and_running_requests_grow_into_it():
+    s = create_scheduler("continuous", num_blocks=10, watermark_blocks=1)
+    (big,) = create_requests(1, prompt=150, output=4, start_id=9)  # 10 blocks: over the mark
+    assert not s.add_request(big) and "above the admission watermark" in big.reject_reason
+    a, b = create_requests(2, prompt=64, output=8)  # 4 blocks each to start
+    s.add_request(a)
+    s.add_request(b)
+    out, _ = step(s, 0.0)
+    assert out.requests == [a, b] and s.kv_cache.num_free_blocks == 2
+    (c,) = create_requests(1, prompt=32, output=2, start_id=2)  # 2 blocks: would leave none
+    s.add_request(c)
+    out, _ = step(s, 1.0)  # token 65 of a and b needs a fifth block each: the last is the mark's
+    assert out.requests == [a, b] and not out.preempted
+    assert a.num_blocks == b.num_blocks == 5 and s.kv_cache.num_free_blocks == 0
+    assert c.status == RequestStatus.WAITING  # admission would have left the mark free

@@ -694,9 +694,9 @@ class RooflineCostModel:
         kv_read = L * self._kv_elems_layer * self._kvb * keys
         a_bytes = kv_read + L * tokens * self._qo_elems * _ACT_BYTES
         a_time, a_tc, a_tm = self._attention(
-            shape.num_seqs,
-            shape.num_decode_tokens,
-            shape.num_prefill_tokens + shape.num_padding_tokens,
+            shape.num_seqs + shape.num_padding_seqs,
+            shape.num_decode_rows,
+            shape.num_prefill_tokens + shape.num_padding_tokens - shape.num_padding_seqs,
             shape.kv_read_tokens,
             shape.attn_pairs,
             a_bytes / L,
@@ -750,20 +750,20 @@ class RooflineCostModel:
 
     def decode_run(self, shape: BatchShape) -> tuple[IterationCost, int]:
         """Cost of the decode iteration ``shape``, and for how many consecutive iterations
-        from it (each request one token further along) the iteration time stays the same.
+        from it (each decode row one token further along) the iteration time stays the same.
 
-        Iteration k of the run reads ``shape.kv_read_tokens + k x num_seqs`` cached tokens;
-        its totals are those of ``shape`` plus ``k x num_seqs`` times
-        :attr:`decode_token_slopes`, and its time equals ``shape``'s. The time changes when the
-        mean context enters a new block of the attention kernel, or (``ideal``) every step.
-        ``shape`` must be decode-only with one token per request and no sliding window cut
-        inside the run (the caller's responsibility).
+        With n = ``shape.num_decode_rows``, iteration k of the run reads
+        ``shape.kv_read_tokens + k x n`` cached tokens; its totals are those of ``shape`` plus
+        ``k x n`` times :attr:`decode_token_slopes`, and its time equals ``shape``'s. The time
+        changes when the mean context enters a new block of the attention kernel, or
+        (``ideal``) every step. ``shape`` must be decode-only with one token per row and no
+        sliding window cut inside the run (the caller's responsibility).
         """
         cost = self.estimate(shape)
-        n = shape.num_seqs
+        n = int(shape.num_decode_rows)
         if self.ideal or n <= 0:
             return cost, 1
-        # The kernel reads ceil((kv + n) / (n x block)) blocks per request (mean context
+        # The kernel reads ceil((kv + n) / (n x block)) blocks per row (mean context
         # kv / n plus the new token); count the steps before that number grows.
         span = n * _ATTN_BLOCK_N
         kv = int(shape.kv_read_tokens)
@@ -935,6 +935,7 @@ class RooflineCostModel:
             "num_sampled_tokens",
             "kv_read_tokens",
             "attn_pairs",
+            "num_padding_seqs",
         )
         arrays = np.broadcast_arrays(*(np.asarray(getattr(shape, f)) for f in fields))
         n = arrays[0].size

@@ -12,15 +12,23 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _window_pairs(rows: int, context: int, window: int | None) -> int:
+def cached_keys(context: int, window: int | None) -> int:
+    """Cached tokens a query after ``context`` cached tokens attends to: all of them, or with a
+    sliding window of ``window`` keys (the query itself included) the last ``window - 1``."""
+    if window is None or context < window:
+        return context
+    return window - 1
+
+
+def window_pairs(rows: int, context: int, window: int | None) -> int:
     """Causal (query, key) pairs of ``rows`` new queries after ``context`` cached tokens.
 
-    Query j (0-based) sees ``context + j + 1`` keys, at most ``window`` with sliding window.
+    Query j (0-based) sees ``context + j + 1`` keys, at most ``window`` with a sliding window.
     """
     if window is None:
         return rows * context + rows * (rows + 1) // 2
     first = context + 1
-    below = min(max(window - first + 1, 0), rows)  # queries that see fewer than `window` keys
+    below = min(max(window - first + 1, 0), rows)  # queries that see at most `window` keys
     return below * first + below * (below - 1) // 2 + (rows - below) * window
 
 
@@ -29,18 +37,23 @@ class BatchShape:
     """Aggregates of ONE iteration — everything its cost depends on.
 
     Fields are python ints, or equal-length numpy arrays for a vectorized decode stretch (one
-    element per step; typically only ``kv_read_tokens`` and ``attn_pairs`` vary).
+    element per step; typically only ``kv_read_tokens`` and ``attn_pairs`` vary). Build one
+    with :meth:`from_requests` (the one aggregation of a batch) or the single-sequence
+    helpers :meth:`decode` and :meth:`prefill`.
 
     Attributes:
         num_seqs: Requests in the iteration.
         num_prefill_tokens: New prompt tokens computed this step (all prefill chunks).
         num_decode_tokens: Decode tokens (one per decoding request).
-        num_padding_tokens: Rows computed but wasted (prefill padding, empty static slots).
-        num_sampled_tokens: Rows that go through lm_head (requests emitting a token + padded
-            rows that sample).
-        kv_read_tokens: Sum over requests of cached tokens attention reads (window-capped).
-        attn_pairs: Sum over requests of causal (query, key) pairs computed,
-            ``q*c + q*(q+1)/2`` (padding rows included).
+        num_padding_tokens: Rows computed but wasted: prefill padding and the rows of padding
+            sequences.
+        num_sampled_tokens: Rows that go through lm_head (requests emitting a token + padding
+            sequences, which sample too).
+        kv_read_tokens: Sum over requests and padding sequences of the cached tokens attention
+            reads (see :func:`cached_keys`).
+        attn_pairs: Sum of causal (query, key) pairs computed (padding rows included).
+        num_padding_seqs: Padding sequences: one-row decodes of no request (naive static
+            batching keeps computing the rows of finished requests).
     """
 
     num_seqs: Any
@@ -50,11 +63,18 @@ class BatchShape:
     num_sampled_tokens: Any = 0
     kv_read_tokens: Any = 0
     attn_pairs: Any = 0
+    num_padding_seqs: Any = 0
 
     @property
     def num_tokens(self) -> Any:
         """Rows of every GEMM: prefill + decode + padding tokens."""
         return self.num_prefill_tokens + self.num_decode_tokens + self.num_padding_tokens
+
+    @property
+    def num_decode_rows(self) -> Any:
+        """One-row decode sequences the attention kernel runs: decodes + padding sequences.
+        Each reads one more cached token per step of a decode stretch."""
+        return self.num_decode_tokens + self.num_padding_seqs
 
     @classmethod
     def from_requests(
@@ -62,61 +82,80 @@ class BatchShape:
         new_tokens: Sequence[int],
         context_tokens: Sequence[int],
         *,
+        decode: Sequence[bool] | None = None,
         sampled: Sequence[bool] | None = None,
         pad_to: int | None = None,
+        num_padding_seqs: int = 0,
+        padding_context: int = 0,
         window: int | None = None,
     ) -> BatchShape:
         """Aggregate per-request token counts into a shape.
 
-        A request with one new token after a non-empty context is a decode; anything else is
-        a prefill (chunk).
-
         Args:
             new_tokens: Tokens each request computes this step (q).
-            context_tokens: Tokens each request already has in the KV cache (c).
+            context_tokens: Tokens each request already has in the KV cache (c), as attention
+                sees them (a padded cache counts its padding).
+            decode: Whether each request is a decode (computes its last sampled token);
+                default: one new token after a non-empty context.
             sampled: Whether each request emits a token (default: all do).
             pad_to: Pad every prefill row to this many rows (rectangular prefill); the padding
                 rows compute (attention included) but do not sample.
-            window: Sliding-window size in tokens, or None.
+            num_padding_seqs: One-row padding sequences (they sample, as naive batched
+                generation computes logits for every row).
+            padding_context: Cached tokens of each padding sequence.
+            window: Sliding-window length in keys, or None.
 
         Raises:
             ValueError: Mismatched lengths, negative counts, or ``pad_to`` below a prefill.
         """
-        if len(new_tokens) != len(context_tokens):
+        n = len(new_tokens)
+        if len(context_tokens) != n:
             raise ValueError("new_tokens and context_tokens must have the same length")
-        if sampled is not None and len(sampled) != len(new_tokens):
-            raise ValueError("sampled must have one entry per request")
-        prefill = decode = padding = kv_read = pairs = 0
-        for q, c in zip(new_tokens, context_tokens):
+        if (sampled is not None and len(sampled) != n) or (decode is not None and len(decode) != n):
+            raise ValueError("decode and sampled must have one entry per request")
+        if num_padding_seqs < 0 or padding_context < 0:
+            raise ValueError("padding sequences and their context must be >= 0")
+        prefill = decodes = padding = kv_read = pairs = 0
+        for i, (q, c) in enumerate(zip(new_tokens, context_tokens)):
             if q < 0 or c < 0:
                 raise ValueError(f"token counts must be >= 0, got new={q} context={c}")
-            cached = c if window is None else min(c, window)
-            rows = q
-            if q == 1 and c > 0:
-                decode += 1
+            cached = c if window is None or c < window else window - 1  # cached_keys()
+            is_decode = (q == 1 and c > 0) if decode is None else decode[i]
+            if is_decode:
+                decodes += q
+                rows = q
             else:
                 prefill += q
+                rows = q
                 if pad_to is not None:
                     if pad_to < q:
                         raise ValueError(f"pad_to={pad_to} is shorter than a prefill of {q}")
                     rows = pad_to
                     padding += pad_to - q
             kv_read += cached
-            pairs += _window_pairs(rows, cached, window)
-        num_sampled = len(new_tokens) if sampled is None else sum(1 for s in sampled if s)
+            pairs += window_pairs(rows, cached, window)
+        if num_padding_seqs:
+            cached = cached_keys(padding_context, window)
+            padding += num_padding_seqs
+            kv_read += num_padding_seqs * cached
+            pairs += num_padding_seqs * window_pairs(1, cached, window)
+        num_sampled = n if sampled is None else sum(1 for s in sampled if s)
         return cls(
-            num_seqs=len(new_tokens),
+            num_seqs=n,
             num_prefill_tokens=prefill,
-            num_decode_tokens=decode,
+            num_decode_tokens=decodes,
             num_padding_tokens=padding,
-            num_sampled_tokens=num_sampled,
+            num_sampled_tokens=num_sampled + num_padding_seqs,
             kv_read_tokens=kv_read,
             attn_pairs=pairs,
+            num_padding_seqs=num_padding_seqs,
         )
 
     def with_decode_context(self, kv_read_tokens: Any) -> BatchShape:
         """This decode batch with ``kv_read_tokens`` cached tokens read (a number, or an array
-        over the iterations of a decode stretch); each decode computes one more pair."""
+        over the iterations of a decode stretch). Each decode row computes one pair more than
+        the cached keys it reads (exact with a window too: :func:`cached_keys` leaves room for
+        the query)."""
         return BatchShape(
             num_seqs=self.num_seqs,
             num_prefill_tokens=self.num_prefill_tokens,
@@ -124,19 +163,21 @@ class BatchShape:
             num_padding_tokens=self.num_padding_tokens,
             num_sampled_tokens=self.num_sampled_tokens,
             kv_read_tokens=kv_read_tokens,
-            attn_pairs=kv_read_tokens + self.num_decode_tokens,
+            attn_pairs=kv_read_tokens + self.num_decode_rows,
+            num_padding_seqs=self.num_padding_seqs,
         )
 
     @classmethod
     def decode(cls, batch_size: int, context_len: int, window: int | None = None) -> BatchShape:
-        """``batch_size`` decoding requests, each with ``context_len`` cached tokens."""
-        cached = context_len if window is None else min(context_len, window)
+        """``batch_size`` decoding requests, each with ``context_len`` cached tokens
+        (:meth:`from_requests` of identical decodes, in closed form)."""
+        cached = cached_keys(context_len, window)
         return cls(
             num_seqs=batch_size,
             num_decode_tokens=batch_size,
             num_sampled_tokens=batch_size,
             kv_read_tokens=batch_size * cached,
-            attn_pairs=batch_size * _window_pairs(1, cached, window),
+            attn_pairs=batch_size * window_pairs(1, cached, window),
         )
 
     @classmethod
@@ -144,11 +185,4 @@ class BatchShape:
         cls, num_tokens: int, context_len: int = 0, window: int | None = None
     ) -> BatchShape:
         """One prefill chunk of ``num_tokens`` after ``context_len`` cached tokens; it samples."""
-        cached = context_len if window is None else min(context_len, window)
-        return cls(
-            num_seqs=1,
-            num_prefill_tokens=num_tokens,
-            num_sampled_tokens=1,
-            kv_read_tokens=cached,
-            attn_pairs=_window_pairs(num_tokens, cached, window),
-        )
+        return cls.from_requests([num_tokens], [context_len], decode=[False], window=window)

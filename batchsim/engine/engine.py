@@ -26,32 +26,50 @@ Rules, each tested:
 - **Swaps.** KV blocks swapped out or in while building an iteration (``preemption_mode:
   swap``) are copied over the host link before its forward pass: the GPU side of the
   iteration grows by ``blocks x swap_time_per_block``.
-- **Decode stretches.** When ``schedule()`` returns only decodes, the scheduler says how many
-  identical iterations may follow (until a request finishes or KV blocks run short); the engine
-  cuts that at the next arrival, cancellation or timer and advances in one timeout. The
-  iterations differ only in context; the cost model says for how many of them the time stays
-  the same (until the attention kernel streams one more KV block), and each such run is priced
-  and logged once. The log expands runs into the individual iterations' records.
-  ``fast_forward=False`` runs them one at a time (same results).
+- **End of input.** The engine tells the policy, through
+  :meth:`~batchsim.scheduler.Scheduler.set_end_of_input`, when no further arrival is known
+  (and when one is known again, in a closed loop).
+- **Decode stretches.** For a policy that opts in, a decode-only batch that would repeat is
+  advanced over many iterations in one timeout, cut at the next arrival, cancellation or
+  timer (:mod:`batchsim.engine.stretch`). ``fast_forward=False`` runs them one at a time
+  (same results).
+- **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
+  every call: an exception it raises, an iteration that schedules a request that is not
+  running, more tokens than a request has, a count below 1 or tokens without KV blocks, a
+  timer that does not lie in the future, waiting forever while holding requests, or a
+  million iterations without a sampled token stop the run with a :class:`PolicyError`
+  naming the policy and the rule. The built-in policies are trusted (their invariants are
+  tested).
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
+import os
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import simpy
 
-from batchsim.cost import IterationCost, RooflineCostModel
-from batchsim.engine.request import Request
+import batchsim
+from batchsim.cost import RooflineCostModel
+from batchsim.engine.request import Request, RequestStatus
+from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
+from batchsim.errors import BatchsimError, PolicyError
 from batchsim.metrics.logs import IterationLog, RequestLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
+from batchsim.scheduler.registry import POLICIES
 from batchsim.workload import RequestTable
+
+MAX_STEPS_WITHOUT_TOKEN = 1_000_000
+"""Iterations in a row that sample no token before a policy is deemed stuck."""
+MAX_IDLE_WAKEUPS = 100_000
+"""Wake-ups in a row on a policy's own timer, with nothing scheduled, before it is deemed
+stuck."""
 
 
 @dataclass(frozen=True)
@@ -166,82 +184,41 @@ class Engine:
         self.request_log = RequestLog()
         """Requests that left (finished, rejected, cancelled), one row each."""
         self.num_arrived = 0
-        self.iterations = IterationLog(cost_model.decode_token_slopes)
+        self.iterations = IterationLog()
         self._cancels: list[tuple[float, int, Request]] = []
         self._last_end = -math.inf
         self.env = simpy.Environment()
+        policy = type(scheduler)
+        self.fast_forward = options.fast_forward and stretches_allowed(policy)
+        self.stretch = StretchRunner(self)
+        self.policy_name = f"{policy.__module__}:{policy.__qualname__}"
+        self.guarded = policy not in POLICIES.values()
+        """Check the policy at every call (policies written outside batchsim)."""
 
     def run(self) -> None:
         """Simulate until every request has finished, been rejected or been cancelled."""
         self.env.process(self._step_loop())
         self.env.run()
 
-    # ----------------------------------------------------------------------- internals
-    def _deliver_due(self, now: float) -> None:
-        scheduler = self.scheduler
-        for request in self.source.pop_due(now):
-            self.num_arrived += 1
-            if scheduler.add_request(request):
-                if request.cancel_time != math.inf:
-                    heapq.heappush(
-                        self._cancels, (request.cancel_time, request.request_id, request)
-                    )
-            else:
-                self._left(request, now)
-        while self._cancels and self._cancels[0][0] <= now:
-            request = heapq.heappop(self._cancels)[2]
-            if not request.status.is_final:
-                scheduler.cancel(request, now)
-                self._left(request, now)
-
-    def _left(self, request: Request, now: float) -> None:
-        """``request`` reached a final status at ``now``."""
-        self.request_log.add(request)
-        self.source.on_left(request, now)
-
-    def _next_event_time(self, now: float) -> float:
-        t = self.source.next_time()
-        if self._cancels:
-            t = min(t, self._cancels[0][0])
-        timer = self.scheduler.next_timer(now)
-        if timer is not None:
-            t = min(t, timer)
-        return t
-
-    def _cpu_time(self, num_seqs: int) -> float:
+    # ----------------------------------------------------------------- timing helpers
+    def cpu_time(self, num_seqs: int) -> float:
+        """CPU scheduling time of an iteration of ``num_seqs`` requests (s)."""
         o = self.options
         return o.cpu_overhead_base + o.cpu_overhead_per_seq * num_seqs
 
-    def _step_loop(self):  # a SimPy process
-        env = self.env
-        scheduler = self.scheduler
-        source = self.source
-        while True:
-            now = env.now
-            self._deliver_due(now)
-            scheduler.arrivals_pending = not source.exhausted()
-            output = scheduler.schedule(now)
-            if output.is_empty:
-                wake = self._next_event_time(now)
-                if wake == math.inf:
-                    assert not scheduler.has_unfinished_requests(), (
-                        f"{type(scheduler).__name__} holds requests but schedules nothing and "
-                        "waits for no event"
-                    )
-                    return
-                yield env.timeout(wake - now)
-                continue
-            num_steps = scheduler.max_repeat_steps(output) if self.options.fast_forward else 1
-            if num_steps > 1:
-                times = self._price_stretch(output, now, num_steps)
-            else:
-                times = self._price_step(output, now)
-            yield env.timeout(times.last_end - now)
-            self._last_end = env.now
-            for request in scheduler.update_from_output(output, times):
-                self._left(request, times.last_end)
+    def back_to_back(self, start: float) -> bool:
+        """An iteration starting at ``start`` follows the previous one without a gap."""
+        return start == self._last_end
 
-    def _batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
+    @staticmethod
+    def duration(cpu: float, gpu: float, overlap: bool) -> float:
+        """Iteration time: CPU work then the GPU step (``overlap``: the CPU work hides behind
+        the previous GPU step)."""
+        if overlap:
+            return cpu if cpu > gpu else gpu
+        return cpu + gpu
+
+    def batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
         """The :data:`~batchsim.metrics.logs.BATCH_COLUMNS` of an iteration."""
         shape = output.shape
         swap_in, swap_out = output.num_swap_in_blocks, output.num_swap_out_blocks
@@ -259,211 +236,195 @@ class Engine:
             swap_in,
             swap_out,
             (swap_in + swap_out) * self.options.swap_time_per_block * 1e3,
+            output.num_swapped_out if output.preempted else 0,
         )
 
-    def _duration(self, cpu: float, gpu: float, overlap: bool) -> float:
-        """Iteration time: CPU work then the GPU step (``overlap``: the CPU work hides behind
-        the previous GPU step)."""
-        if overlap:
-            return cpu if cpu > gpu else gpu
-        return cpu + gpu
+    # ----------------------------------------------------------------------- internals
+    def _deliver_due(self, now: float) -> None:
+        scheduler = self.scheduler
+        for request in self.source.pop_due(now):
+            self.num_arrived += 1
+            if self._call("add_request", scheduler.add_request, request):
+                if request.cancel_time != math.inf:
+                    heapq.heappush(
+                        self._cancels, (request.cancel_time, request.request_id, request)
+                    )
+            else:
+                self._left(request, now)
+        while self._cancels and self._cancels[0][0] <= now:
+            request = heapq.heappop(self._cancels)[2]
+            if not request.status.is_final:
+                self._call("cancel", scheduler.cancel, request, now)
+                self._left(request, now)
+
+    def _left(self, request: Request, now: float) -> None:
+        """``request`` reached a final status at ``now``."""
+        self.request_log.add(request)
+        self.source.on_left(request, now)
+
+    def _timer(self, now: float) -> float | None:
+        timer = self._call("next_timer", self.scheduler.next_timer, now)
+        bad = timer is not None and (
+            not isinstance(timer, (int, float)) or not now < timer < math.inf
+        )
+        if self.guarded and bad:
+            raise self._broke(
+                f"next_timer() returned {timer!r} at t={now!r} s; a timer must be a "
+                "finite time after now (or None)"
+            )
+        return timer
+
+    def _next_event_time(self, now: float) -> float:
+        t = self.source.next_time()
+        if self._cancels:
+            t = min(t, self._cancels[0][0])
+        timer = self._timer(now)
+        if timer is not None:
+            t = min(t, timer)
+        return t
+
+    def _step_loop(self):  # a SimPy process
+        env = self.env
+        scheduler = self.scheduler
+        source = self.source
+        guarded = self.guarded
+        idle_wakeups = steps_without_token = 0
+        while True:
+            now = env.now
+            self._deliver_due(now)
+            ended = source.exhausted()
+            if ended != scheduler.end_of_input:
+                self._call("set_end_of_input", scheduler.set_end_of_input, ended)
+            output = self._call("schedule", scheduler.schedule_iteration, now)
+            if guarded:
+                self._check_output(output)
+            if output.is_empty:
+                wake = self._next_event_time(now)
+                if wake == math.inf:
+                    if scheduler.has_unfinished_requests():
+                        self._stuck()
+                    return
+                external = source.next_time()
+                if self._cancels:
+                    external = min(external, self._cancels[0][0])
+                idle_wakeups = idle_wakeups + 1 if wake < external else 0  # the timer's
+                if idle_wakeups > MAX_IDLE_WAKEUPS:
+                    raise self._broke(
+                        f"woke the engine {MAX_IDLE_WAKEUPS:,} times in a row on its timer "
+                        "without scheduling anything"
+                    )
+                yield env.timeout(wake - now)
+                continue
+            idle_wakeups = 0
+            num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
+            if num_steps > 1:
+                times = self.stretch.run(output, now, num_steps, self._next_event_time(now))
+            else:
+                times = self._price_step(output, now)
+            yield env.timeout(times.end - now)
+            self._last_end = env.now
+            finished = self._call("update_from_output", scheduler.update_from_output, output, times)
+            steps_without_token = 0 if output.num_output_tokens else steps_without_token + 1
+            if steps_without_token > MAX_STEPS_WITHOUT_TOKEN:
+                raise self._broke(
+                    f"ran {MAX_STEPS_WITHOUT_TOKEN:,} iterations in a row without any request "
+                    "sampling a token"
+                )
+            for request in finished:
+                self._left(request, times.end)
 
     def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
         cost = self.cost_model.estimate(output.shape)
-        cpu = self._cpu_time(output.num_seqs)
+        cpu = self.cpu_time(output.num_seqs)
         swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
             self.options.swap_time_per_block
         )
-        gpu = cost.time
         overlap = self.options.async_scheduling and now == self._last_end
-        duration = self._duration(cpu, gpu + swap, overlap)
+        duration = self.duration(cpu, cost.time + swap, overlap)
+        first = self.iterations.num_rows
         self.iterations.append(
-            _run_row(now, 1, duration, cost, self._batch_row(output, cpu)),
+            run_row(now, 1, duration, cost, self.batch_row(output, cpu)),
             self.scheduler.kv_cache.usage,
         )
-        end = now + duration
-        return StepTimes(end, end)
+        return StepTimes(first, now, now + duration)
 
-    def _price_stretch(self, output: SchedulerOutput, now: float, num_steps: int) -> StepTimes:
-        """Run up to ``num_steps`` identical decode iterations; stop at the first one that
-        ends at or after the next external event.
+    # ------------------------------------------------------------------ the guard
+    def _call(self, what: str, method: Callable[..., Any], *args: Any) -> Any:
+        """Call the scheduler; a policy written elsewhere that raises is reported as such."""
+        if not self.guarded:
+            return method(*args)
+        try:
+            return method(*args)
+        except BatchsimError:
+            raise
+        except Exception as exc:
+            raise self._broke(f"{what}() raised {_describe(exc)}") from None
 
-        Step k differs from step 0 only in context: every request has k more cached tokens.
-        The cost model says for how many steps the iteration time stays the same (until the
-        attention kernel streams one more KV block); each such run is priced and logged once.
-        """
-        requests = output.requests
-        window = self.scheduler.window
-        if self.cost_model.ideal or (
-            window is not None and max(r.num_computed_tokens for r in requests) + num_steps > window
-        ):
-            return self._price_stretch_arrays(output, now, num_steps)
-        shape = output.shape
-        n = len(requests)
-        cpu = self._cpu_time(n)
-        event = self._next_event_time(now)
-        batch = self._batch_row(output, cpu)
-        overlap = self.options.async_scheduling
-        back_to_back = now == self._last_end
-        runs: list[tuple] = []
-        later: list[tuple[float, float, int, int]] = []
-        start = now
-        done = 0
-        while done < num_steps:
-            at = shape if done == 0 else shape.with_decode_context(shape.kv_read_tokens + n * done)
-            cost, same = self.cost_model.decode_run(at)
-            gpu = cost.time
-            if overlap and done == 0 and not back_to_back:  # nothing to hide the CPU behind
-                same = 1
-            duration = self._duration(cpu, gpu, overlap and (done > 0 or back_to_back))
-            steps = min(same, num_steps - done)
-            cut = start + duration * steps >= event
-            if cut:
-                steps = _steps_until(start, duration, event, steps)
-            runs.append(_run_row(start, steps, duration, cost, batch))
-            # the ends of this run are start + j x duration, j = 1..steps
-            if done:
-                later.append((start, duration, 1, steps))
-            elif steps > 1:  # the stretch's first end is StepTimes.first_end
-                later.append((start, duration, 2, steps))
-            start = start + duration * steps
-            done += steps
-            if cut:
-                break
-        self.iterations.add_runs(runs, self._stretch_usage(requests, done))
-        return StepTimes(now + runs[0][2], start, done, later)
+    def _broke(self, rule: str) -> PolicyError:
+        if not self.guarded:  # a built-in policy: a bug in batchsim
+            raise AssertionError(f"policy {self.policy_name} {rule}")
+        return PolicyError(f"scheduler.policy {self.policy_name}: {rule}")
 
-    def _stretch_usage(self, requests: list[Request], num_steps: int) -> np.ndarray | float:
-        """KV-cache usage at each step of a decode stretch of ``requests``.
+    def _stuck(self) -> None:
+        s = self.scheduler
+        raise self._broke(
+            f"holds {len(s.waiting)} waiting, {len(s.running)} running and "
+            f"{len(s.swapped)} swapped requests but scheduled nothing and set no timer "
+            "(nothing else can happen)"
+        )
 
-        Blocks are allocated lazily, one per block_size tokens: a request with c cached
-        tokens needs floor((c mod block_size + k) / block_size) more blocks by step k.
-        """
-        kv = self.scheduler.kv_cache
-        if self.scheduler.reserves_full_sequence:
-            return kv.usage
-        block = kv.block_size
-        counts = [0] * (block + 1)
-        for r in requests:
-            counts[r.num_computed_tokens % block] += 1
-        at_least = list(itertools.accumulate(reversed(counts)))[::-1]  # #{offset >= j}
-        n = len(requests)
-        k = np.arange(num_steps)
-        extra = n * (k // block) + np.array(at_least)[block - k % block]
-        return (kv.num_used_blocks + extra) / kv.num_blocks
-
-    def _price_stretch_arrays(
-        self, output: SchedulerOutput, now: float, num_steps: int
-    ) -> StepTimes:
-        """:meth:`_price_stretch` for contexts that a sliding window caps (or the ideal
-        roofline): steps priced in vectorized chunks and logged one by one."""
-        cpu = self._cpu_time(len(output.requests))
-        event = self._next_event_time(now)
-        pieces: list[tuple] = []
-        done = 0
-        chunk = _FIRST_CHUNK
-        start = now
-        while done < num_steps:
-            size = min(chunk, num_steps - done)
-            cost, durations = self._stretch_chunk(output, cpu, done, size, start == self._last_end)
-            ends = np.cumsum(durations)
-            ends += start
-            keep = size
-            if event < ends[-1]:
-                keep = int(np.searchsorted(ends, event, side="left")) + 1
-            starts = np.concatenate(([start], ends[: keep - 1]))
-            pieces.append((starts, cost, durations, ends, keep))
-            done += keep
-            if keep < size:
-                break
-            start = float(ends[-1])
-            chunk *= 4
-        batch = self._batch_row(output, cpu)
-        usage = self._stretch_usage(output.requests, done)
-        offset = 0
-        for starts, cost, durations, _, keep in pieces:
-
-            def cut(value: Any, keep: int = keep) -> Any:
-                return value[:keep] if isinstance(value, np.ndarray) and value.ndim else value
-
-            self.iterations.extend(
-                (
-                    starts,
-                    1,
-                    cut(durations),
-                    cut(cost.time) * 1e3,
-                    cut(cost.flops),
-                    cut(cost.bytes),
-                    cut(cost.weight_bytes),
-                    cut(cost.kv_bytes),
-                    cut(cost.compute_time - cost.memory_time),
-                    *batch,
-                ),
-                keep,
-                usage[offset : offset + keep] if isinstance(usage, np.ndarray) else usage,
+    def _check_output(self, output: Any) -> None:
+        """The rules an iteration must follow (checked for policies written elsewhere)."""
+        if not isinstance(output, SchedulerOutput):
+            raise self._broke(
+                f"schedule() returned {type(output).__name__}, not a SchedulerOutput "
+                "(build it with make_output())"
             )
-            offset += keep
-        return StepTimes.from_ends(np.concatenate([p[3][: p[4]] for p in pieces]))
-
-    def _stretch_chunk(
-        self, output: SchedulerOutput, cpu: float, first: int, size: int, back_to_back: bool
-    ):
-        """Cost and durations of steps ``first .. first + size - 1`` of a decode stretch."""
-        shape = output.shape
-        requests = output.requests
-        n = len(requests)
-        window = self.scheduler.window
-        steps = np.arange(first, first + size)
-        if (
-            window is not None
-            and max(r.num_computed_tokens for r in requests) + first + size > window
-        ):
-            contexts = np.fromiter((r.num_computed_tokens for r in requests), np.int64, n)
-            kv_read = np.minimum(contexts[None, :] + steps[:, None], window).sum(axis=1)
-        else:
-            kv_read = shape.kv_read_tokens + steps * n
-        cost = self.cost_model.estimate_decode_stretch(shape, kv_read)
-        gpu = cost.time
-        if not isinstance(gpu, np.ndarray) or gpu.shape != (size,):
-            gpu = np.full(size, gpu, dtype=float)
-        if self.options.async_scheduling:
-            durations = np.maximum(cpu, gpu)
-            if first == 0 and not back_to_back:
-                durations[0] = cpu + gpu[0]
-        else:
-            durations = gpu + cpu
-        return cost, durations
-
-
-def _run_row(start: float, steps: int, duration: float, cost: IterationCost, batch: tuple):
-    """A row of :data:`~batchsim.metrics.logs.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
-    iterations of ``duration`` from ``start``, the first costing ``cost``."""
-    return (
-        start,
-        steps,
-        duration,
-        cost.time * 1e3,
-        cost.flops,
-        cost.bytes,
-        cost.weight_bytes,
-        cost.kv_bytes,
-        cost.compute_time - cost.memory_time,
-        *batch,
-    )
+        requests, tokens = output.requests, output.num_scheduled_tokens
+        if len(requests) != len(tokens):
+            raise self._broke(
+                f"schedule() returned {len(requests)} requests but {len(tokens)} token counts"
+            )
+        kv = self.scheduler.kv_cache
+        seen: set[int] = set()
+        for request, q in zip(requests, tokens):
+            if not isinstance(request, Request):
+                raise self._broke(f"schedule() returned {request!r} as a request")
+            rid = request.request_id
+            if request.status != RequestStatus.RUNNING:
+                raise self._broke(
+                    f"schedule() scheduled request {rid}, which is "
+                    f"{request.status.name.lower()}, not running (admit() it first)"
+                )
+            if id(request) in seen:
+                raise self._broke(f"schedule() scheduled request {rid} twice")
+            seen.add(id(request))
+            if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+                raise self._broke(
+                    f"schedule() scheduled {q!r} tokens for request {rid}; each scheduled "
+                    "request computes an integer number of tokens >= 1"
+                )
+            left = request.num_remaining_tokens
+            if q > left:
+                raise self._broke(
+                    f"schedule() scheduled {q} tokens for request {rid}, which has only "
+                    f"{left} to compute"
+                )
+            total = request.num_computed_tokens + q
+            if kv.blocks_held(request.num_computed_tokens, total) > request.num_blocks:
+                raise self._broke(
+                    f"schedule() scheduled {total} tokens of request {rid} without the KV "
+                    f"blocks to hold them (it holds {request.num_blocks}; allocate() first)"
+                )
 
 
-def _steps_until(start: float, duration: float, event: float, most: int) -> int:
-    """The first step j in 1..most whose end ``start + duration x j`` is at or after
-    ``event`` (the caller knows step ``most`` is)."""
-    if duration <= 0:
-        return most
-    j = min(most, max(1, math.ceil((event - start) / duration)))
-    while j > 1 and start + duration * (j - 1) >= event:
-        j -= 1
-    while j < most and start + duration * j < event:
-        j += 1
-    return j
-
-
-_FIRST_CHUNK = 32
-"""Decode steps priced in the first vectorized call of a stretch (then 4x more per call)."""
+def _describe(exc: BaseException) -> str:
+    """``Type: message (at file:line)``, pointing at the innermost frame outside batchsim."""
+    package = os.path.dirname(batchsim.__file__)
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not frame.filename.startswith(package):
+            where = f" (at {frame.filename}:{frame.lineno})"
+            break
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {message}{where}" if message else f"{type(exc).__name__}{where}"

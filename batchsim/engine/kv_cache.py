@@ -1,7 +1,8 @@
 """The paged KV cache: a pool of fixed-size blocks and who holds how many.
 
 Only counts are simulated (no block tables): a request holds ``ceil(tokens / block_size)``
-blocks for the tokens it has computed or reserved. Capacity comes from memory:
+blocks for the tokens it has computed or reserved (fewer with a sliding window). All block
+arithmetic lives here, including the bulk growth of a decode stretch. Capacity comes from memory:
 ``(memory x gpu_memory_utilization - weights - activation reserve) / bytes per block``, per GPU
 under tensor parallelism (each GPU holds its share of every block).
 
@@ -9,6 +10,12 @@ This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.error
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from batchsim.engine.request import Request
 from batchsim.errors import ConfigError
@@ -55,21 +62,43 @@ def kv_capacity_blocks(
 class KVCacheManager:
     """Block accounting for the whole engine: the GPU pool and the host swap space.
 
+    A request holds the blocks of the tokens it has computed or reserved. With a sliding
+    window of W keys (the query included), as in vLLM, blocks wholly before the window of the
+    request's next query (tokens older than ``num_computed_tokens - W + 1``) are freed the
+    next time the request grows.
+
+    Admission keeps a watermark: a waiting request is admitted (or a swapped one resumed) only
+    if ``watermark_blocks`` stay free after its allocation, so that running requests can grow
+    without preempting at once (vLLM's block-manager watermark); growth of running requests
+    may use them.
+
     Args:
         num_blocks: Total blocks in the GPU pool.
         block_size: Tokens per block.
         num_cpu_blocks: Blocks of host memory for swapped-out requests (vLLM's
             ``swap_space``).
+        window: Sliding-window length (keys per query), or None for full attention.
+        watermark_blocks: Blocks admission leaves free.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_cpu_blocks: int = 0,
+        *,
+        window: int | None = None,
+        watermark_blocks: int = 0,
+    ):
         assert num_blocks >= 1 and block_size >= 1 and num_cpu_blocks >= 0
+        assert 0 <= watermark_blocks < num_blocks and (window is None or window >= 1)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_free_blocks = num_blocks
-        self.max_used_blocks = 0
         self.num_cpu_blocks = num_cpu_blocks
         self.num_free_cpu_blocks = num_cpu_blocks
+        self.window = window
+        self.watermark_blocks = watermark_blocks
 
     @property
     def num_used_blocks(self) -> int:
@@ -78,41 +107,45 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks in use, in [0, 1]."""
-        return self.num_used_blocks / self.num_blocks
+        return (self.num_blocks - self.num_free_blocks) / self.num_blocks
 
     @property
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
-    def blocks_needed(self, request: Request, num_tokens: int) -> int:
-        """Extra blocks ``request`` needs to hold ``num_tokens`` tokens in total."""
-        return max(0, num_blocks_for(num_tokens, self.block_size) - request.num_blocks)
+    def blocks_held(self, num_computed_tokens: int, num_tokens: int) -> int:
+        """Blocks a request holds for ``num_tokens`` tokens once ``num_computed_tokens`` of
+        them are computed (the window frees the blocks the next query no longer reads)."""
+        bs = self.block_size
+        blocks = -(-num_tokens // bs)
+        if self.window is not None:
+            skipped = num_computed_tokens - self.window + 1
+            if skipped >= bs:
+                blocks -= skipped // bs
+        return blocks
 
     def can_ever_fit(self, num_tokens: int) -> bool:
-        return num_blocks_for(num_tokens, self.block_size) <= self.num_blocks
+        """A request of ``num_tokens`` tokens fits the pool whole (above the watermark)."""
+        need = num_blocks_for(num_tokens, self.block_size)
+        return need <= self.num_blocks - self.watermark_blocks
 
-    def allocate(self, request: Request, num_tokens: int) -> bool:
-        """Grow ``request`` to ``num_tokens`` tokens; False (no change) if the pool is short."""
-        need = num_blocks_for(num_tokens, self.block_size) - request.num_blocks
-        if need <= 0:
-            return True
-        if need > self.num_free_blocks:
+    def can_allocate(self, request: Request, num_tokens: int, *, admission: bool = False) -> bool:
+        """Whether :meth:`allocate` would succeed now."""
+        need = self.blocks_held(request.num_computed_tokens, num_tokens) - request.num_blocks
+        return need <= self.num_free_blocks - (self.watermark_blocks if admission else 0)
+
+    def allocate(self, request: Request, num_tokens: int, *, admission: bool = False) -> bool:
+        """Grow ``request`` to ``num_tokens`` tokens; False (no change) if the pool is short.
+
+        ``admission``: the request is being admitted, so the watermark must stay free.
+        """
+        need = self.blocks_held(request.num_computed_tokens, num_tokens) - request.num_blocks
+        if need > self.num_free_blocks - (self.watermark_blocks if admission else 0):
             return False
-        self.num_free_blocks -= need
-        request.num_blocks += need
-        used = self.num_blocks - self.num_free_blocks
-        if used > self.max_used_blocks:
-            self.max_used_blocks = used
+        if need > 0 or self.window is not None:  # a window may free blocks (need < 0)
+            self.num_free_blocks -= need
+            request.num_blocks += need
         return True
-
-    def take(self, num_blocks: int) -> None:
-        """Account for ``num_blocks`` blocks that callers already assigned to requests
-        (bulk growth of a decode stretch, checked beforehand to fit)."""
-        self.num_free_blocks -= num_blocks
-        assert self.num_free_blocks >= 0, "KV blocks over-committed"
-        used = self.num_blocks - self.num_free_blocks
-        if used > self.max_used_blocks:
-            self.max_used_blocks = used
 
     def free(self, request: Request) -> None:
         """Return all of ``request``'s blocks (GPU and host) to their pools."""
@@ -123,6 +156,77 @@ class KVCacheManager:
         assert self.num_free_blocks <= self.num_blocks, "freed more KV blocks than allocated"
         assert self.num_free_cpu_blocks <= self.num_cpu_blocks, "freed more host blocks"
 
+    # -------------------------------------------------------------- decode stretches
+    def grow(self, requests: Sequence[Request], num_steps: int) -> None:
+        """Each of ``requests`` decoded ``num_steps`` tokens, one per iteration, from its
+        ``num_computed_tokens``; the first iteration's blocks were allocated by schedule().
+        Hold what the last iteration needed (callers checked :meth:`max_growth_steps`)."""
+        total = 0
+        for r in requests:
+            c = r.num_computed_tokens + num_steps
+            held = self.blocks_held(c - 1, c)
+            total += held - r.num_blocks
+            r.num_blocks = held
+        self.num_free_blocks -= total
+        assert 0 <= self.num_free_blocks <= self.num_blocks, "KV blocks over-committed"
+
+    def max_growth_steps(self, requests: Sequence[Request], limit: int) -> int:
+        """Largest k <= ``limit`` such that ``requests`` can decode k tokens each, one per
+        iteration, without running out of blocks (the first iteration's are allocated).
+
+        With a window a request's blocks go up and down; each is bounded by the most a full
+        window needs, which may cut a stretch earlier than necessary (never later).
+        """
+        bs = self.block_size
+        free = self.num_free_blocks
+        cap = None if self.window is None else -(-self.window // bs) + 1
+
+        def need(k: int) -> int:
+            total = 0
+            for r in requests:
+                blocks = -(-(r.num_computed_tokens + k) // bs)
+                if cap is not None and blocks > cap:
+                    blocks = cap
+                if blocks > r.num_blocks:
+                    total += blocks - r.num_blocks
+            return total
+
+        if need(limit) <= free:
+            return limit
+        lo, hi = 1, limit  # need(lo) <= free (step 1 is allocated), need(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def usage_during_growth(self, requests: Sequence[Request], num_steps: int) -> Any:
+        """Usage at each of ``num_steps`` decode iterations of ``requests`` from now (the
+        first one is allocated): a float if it stays constant, else an array."""
+        bs = self.block_size
+        used = self.num_blocks - self.num_free_blocks
+        if self.window is not None:
+            computed = np.fromiter((r.num_computed_tokens for r in requests), np.int64)
+            held = np.fromiter((r.num_blocks for r in requests), np.int64)
+            tokens = computed[None, :] + np.arange(1, num_steps + 1)[:, None]
+            blocks = -(-tokens // bs)
+            skipped = tokens - self.window  # computed - window + 1, with computed = tokens - 1
+            blocks -= np.where(skipped >= bs, skipped // bs, 0)
+            extra = (blocks - held[None, :]).sum(axis=1)
+            return (used + extra) / self.num_blocks
+        # Without a window a request with c cached tokens needs
+        # floor((c mod bs + k) / bs) more blocks by step k: count requests by offset.
+        counts = [0] * (bs + 1)
+        for r in requests:
+            counts[r.num_computed_tokens % bs] += 1
+        at_least = list(itertools.accumulate(reversed(counts)))[::-1]  # #{offset >= j}
+        k = np.arange(num_steps)
+        extra = len(requests) * (k // bs) + np.array(at_least)[bs - k % bs]
+        return (used + extra) / self.num_blocks
+
+    # -------------------------------------------------------------- swapping
     def can_swap_out(self, request: Request) -> bool:
         """The host swap space can take all of ``request``'s GPU blocks."""
         return request.num_blocks <= self.num_free_cpu_blocks
@@ -137,18 +241,24 @@ class KVCacheManager:
         request.num_blocks = 0
         return moved
 
+    def _swap_in_blocks(self, request: Request, num_tokens: int) -> int:
+        held = self.blocks_held(request.num_computed_tokens, num_tokens)
+        return max(request.num_cpu_blocks, held)
+
     def can_swap_in(self, request: Request, num_tokens: int) -> bool:
-        """The GPU pool can take ``request``'s swapped blocks and grow it to ``num_tokens``."""
-        need = max(request.num_cpu_blocks, num_blocks_for(num_tokens, self.block_size))
-        return need <= self.num_free_blocks
+        """The GPU pool can take ``request``'s swapped blocks and grow it to ``num_tokens``,
+        leaving the watermark free."""
+        need = self._swap_in_blocks(request, num_tokens)
+        return need <= self.num_free_blocks - self.watermark_blocks
 
     def swap_in(self, request: Request, num_tokens: int) -> int:
         """Copy ``request``'s blocks back and grow it to ``num_tokens`` tokens; return how many
         blocks were copied. The caller checked :meth:`can_swap_in`."""
         moved = request.num_cpu_blocks
+        need = self._swap_in_blocks(request, num_tokens)
+        assert need <= self.num_free_blocks, "swap-in without room"
         self.num_free_cpu_blocks += moved
         request.num_cpu_blocks = 0
-        request.num_blocks = 0
-        grown = self.allocate(request, max(num_tokens, moved * self.block_size))
-        assert grown, "swap-in without room"
+        self.num_free_blocks -= need
+        request.num_blocks = need
         return moved

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NAN = math.nan
 
@@ -67,12 +67,38 @@ class Request:
     num_swaps: int = 0
     """Preemptions that swapped the KV cache out (the rest recomputed it)."""
     first_scheduled_time: float = NAN
+    """Start of the first iteration that computed tokens for the request (s)."""
     first_token_time: float = NAN
-    last_token_time: float = NAN
     finish_time: float = NAN
     reject_reason: str = ""
     user_id: int = -1
     """Closed-loop workloads: the user who sent the request; -1 for open-loop arrivals."""
+    last_token_iteration: int = -1
+    """Index of the iteration that sampled the request's latest token (-1: none yet)."""
+    token_segments: list[int] = field(default_factory=list)
+    """When the tokens came: runs of consecutive iterations that each sampled one token of
+    the request, as ``[first0, last0, first1, last1, ...]`` iteration indices; the open last
+    run ends at :attr:`last_token_iteration`. Inter-token gaps are differences of those
+    iterations' end times (see :mod:`batchsim.metrics.logs`)."""
+
+    def record_tokens(self, first_iteration: int, num_tokens: int, end_time: float) -> None:
+        """One token sampled at each of ``num_tokens`` consecutive iterations from
+        ``first_iteration``; the last of them ended at ``end_time``."""
+        last = self.last_token_iteration
+        if last < 0:  # the first token
+            assert num_tokens == 1, "a first token comes from one iteration"
+            self.first_token_time = end_time
+            self.token_segments.append(first_iteration)
+        elif last != first_iteration - 1:  # a gap in iterations: a new run
+            self.token_segments += (last, first_iteration)
+        self.last_token_iteration = first_iteration + num_tokens - 1
+        self.num_output_tokens += num_tokens
+
+    def closed_segments(self) -> list[int]:
+        """:attr:`token_segments` with the open last run closed."""
+        if self.last_token_iteration < 0:
+            return []
+        return [*self.token_segments, self.last_token_iteration]
 
     @property
     def num_tokens(self) -> int:
@@ -83,16 +109,3 @@ class Request:
     def num_remaining_tokens(self) -> int:
         """Tokens of the known sequence not yet in the KV cache."""
         return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
-
-    @property
-    def num_remaining_outputs(self) -> int:
-        return self.max_tokens - self.num_output_tokens
-
-    @property
-    def is_decoding(self) -> bool:
-        """True when the next iteration computes exactly the last sampled token."""
-        return self.num_output_tokens > 0 and self.num_remaining_tokens == 1
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token_time - self.arrival_time

@@ -1,11 +1,11 @@
-"""Records of a run and the numbers computed from them.
+"""The records of a run: the per-iteration log and the per-request table with each request's
+token times.
 
-Owns the per-iteration log (columnar, chunked numpy buffers; a decode stretch of K
-iterations is stored as a few runs of equal time, not K rows), the per-request table, and the
-summary with vLLM ``benchmark_serving`` names (``mean_ttft_ms``, ``p99_itl_ms``, ...) plus
-batchsim's own. Percentiles use numpy's default (linear) definition, as vLLM does.
-Inter-token latencies are stored as weighted runs (see :class:`ItlLog`); the weighted
-percentile below equals ``np.percentile`` of the expanded sample exactly.
+- :class:`IterationLog`: columnar, chunked numpy buffers. A run of K iterations that differ
+  only linearly (a decode stretch) is one row, not K.
+- :class:`RequestLog`: one row per request that left, and for each finished request the
+  iterations that sampled its tokens (runs of consecutive iterations), from which the
+  inter-token gaps of the counted requests are computed exactly (:func:`inter_token_gaps`).
 
 This module imports no simpy and no scheduler policy.
 """
@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from batchsim.cost import DecodeSlopes
 from batchsim.engine.request import Request, RequestStatus
 
 RUN_COLUMNS: dict[str, str] = {
@@ -31,13 +30,17 @@ RUN_COLUMNS: dict[str, str] = {
     "weight_bytes": "f8",
     "kv_bytes": "f8",
     "bound_margin_s": "f8",
+    "flops_step": "f8",
+    "bytes_step": "f8",
+    "kv_bytes_step": "f8",
+    "bound_margin_step_s": "f8",
 }
-"""Columns of one run of identical iterations, as of its first iteration.
+"""Columns of one run of iterations of equal duration, as of its first iteration.
 
 ``bound_margin_s`` is compute time minus memory time (> 0: compute-bound). Iteration k of a
-run starts ``k x duration_s`` after the run and, being a decode step that reads
-``k x num_decode_seqs`` more cached tokens, adds that many times the cost model's
-:class:`~batchsim.cost.DecodeSlopes` to ``flops``, ``bytes``, ``kv_bytes`` and the margin.
+run starts ``k x duration_s`` after the run and adds k times the ``*_step`` columns to
+``flops``, ``bytes``, ``kv_bytes`` and the margin (a decode stretch reads more cached tokens
+at every step).
 """
 
 BATCH_COLUMNS: dict[str, str] = {
@@ -54,6 +57,7 @@ BATCH_COLUMNS: dict[str, str] = {
     "num_swap_in_blocks": "i4",
     "num_swap_out_blocks": "i4",
     "swap_time_ms": "f8",
+    "num_swapped_out": "i4",
 }
 """Columns that describe the batch, the same for every iteration of a run."""
 
@@ -82,6 +86,7 @@ ITERATION_COLUMNS = [
     "num_swap_in_blocks",
     "num_swap_out_blocks",
     "swap_time_ms",
+    "num_swapped_out",
 ]
 """Columns of ``iterations.csv``, in order (``bound`` is compute|memory)."""
 
@@ -222,21 +227,15 @@ _WINDOW_ROWS = 1 << 20
 class IterationLog:
     """Append-only columnar log of iterations, stored as runs.
 
-    A run is one iteration, or consecutive decode iterations of one batch that take the same
-    time (a decode stretch is one or a few runs): one row of :data:`RUN_COLUMNS` and
-    :data:`BATCH_COLUMNS`, whatever its length. Only the KV-cache usage is kept per
-    iteration. Reading expands the runs, in windows of at most about a million iterations so
-    that even runs of tens of millions of iterations are summarized and written in bounded
-    memory.
-
-    Args:
-        slopes: Per-token growth of a decode iteration's totals (the cost model's
-            :attr:`~batchsim.cost.RooflineCostModel.decode_token_slopes`); needed only if
-            runs longer than one iteration are added.
+    A run is one iteration, or consecutive iterations of one batch that take the same time
+    and whose FLOPs, bytes and bound margin grow by a fixed step (a decode stretch is one or
+    a few runs): one row of :data:`RUN_COLUMNS` and :data:`BATCH_COLUMNS`, whatever its
+    length. Only the KV-cache usage is kept per iteration. Reading expands the runs, in
+    windows of at most about a million iterations, so that even runs of tens of millions of
+    iterations are summarized and written in bounded memory.
     """
 
-    def __init__(self, slopes: DecodeSlopes | None = None) -> None:
-        self.slopes = slopes
+    def __init__(self) -> None:
         self._runs = ChunkedColumns({**RUN_COLUMNS, **BATCH_COLUMNS})
         self._usage = ChunkedColumns({"kv_cache_usage": "f4"})
 
@@ -252,8 +251,7 @@ class IterationLog:
         self._usage.append((kv_cache_usage,))
 
     def add_runs(self, runs: list[tuple], kv_cache_usage: np.ndarray | float) -> None:
-        """Runs of one decode stretch, in order, and the usage of each of their iterations."""
-        assert self.slopes is not None or all(r[1] == 1 for r in runs)
+        """Consecutive runs, in order, and the usage of each of their iterations."""
         for run in runs:
             self._runs.append(run)
         num_steps = sum(r[1] for r in runs)
@@ -268,7 +266,7 @@ class IterationLog:
     def windows(self, max_rows: int = _WINDOW_ROWS) -> Iterator[Columns]:
         """The iterations, in order, as column tables of at most about ``max_rows`` rows
         (``iterations.csv`` columns with ``bound`` as :class:`Labels`, plus
-        ``compute_bound``)."""
+        ``compute_bound`` and ``end_time_s``)."""
         runs = self._runs
         num_runs = runs.num_rows
         if not num_runs:  # one empty table, so that readers still see the columns
@@ -294,38 +292,36 @@ class IterationLog:
         def expand(key: str) -> np.ndarray:
             return runs.column(key, lo, hi)[run_of]
 
+        def linear(key: str, step_key: str) -> np.ndarray:
+            return expand(key) + expand(step_key) * step
+
         data: Columns = {"iteration": np.arange(row, row + total)}
         duration = expand("duration_s")
-        data["start_time_s"] = expand("start_time_s") + duration * step
+        start = expand("start_time_s") + duration * step
+        data["start_time_s"] = start
+        data["end_time_s"] = start + duration
         data["duration_ms"] = duration * 1e3
         data["cpu_time_ms"] = expand("cpu_time_ms")
         data["gpu_time_ms"] = expand("gpu_time_ms")
         for key in BATCH_COLUMNS:
             if key != "cpu_time_ms":
                 data[key] = expand(key)
-        grow = data["num_decode_seqs"] * step  # extra cached tokens read at step k
-        slopes = self.slopes
-        flops, nbytes, kv_bytes = expand("flops"), expand("bytes"), expand("kv_bytes")
-        margin = expand("bound_margin_s")
-        if slopes is not None:
-            flops += grow * slopes.flops
-            nbytes += grow * slopes.bytes
-            kv_bytes += grow * slopes.kv_bytes
-            margin += grow * (slopes.compute_time - slopes.memory_time)
+        flops = linear("flops", "flops_step")
+        nbytes = linear("bytes", "bytes_step")
         data["flops"] = flops
         data["bytes"] = nbytes
         with np.errstate(divide="ignore", invalid="ignore"):
             data["arithmetic_intensity"] = flops / nbytes
         data["weight_bytes"] = expand("weight_bytes")
-        data["kv_bytes"] = kv_bytes
-        data["compute_bound"] = margin > 0
+        data["kv_bytes"] = linear("kv_bytes", "kv_bytes_step")
+        data["compute_bound"] = linear("bound_margin_s", "bound_margin_step_s") > 0
         data["bound"] = Labels(data["compute_bound"].astype(np.int8), ("memory", "compute"))
         data["kv_cache_usage"] = self._usage.column("kv_cache_usage", row, row + total)
         return data
 
     def to_columns(self) -> Columns:
         """The whole log as ``iterations.csv`` columns (``bound`` as strings), plus
-        ``compute_bound`` (bool)."""
+        ``compute_bound`` (bool) and ``end_time_s``."""
         parts = list(self.windows())
         data: Columns = {}
         for key in parts[0]:
@@ -335,20 +331,33 @@ class IterationLog:
         data["bound"] = np.where(data["compute_bound"], "compute", "memory").astype(object)
         return data
 
+    def end_times(self) -> np.ndarray:
+        """When each iteration ended (s), in order."""
+        parts = [w["end_time_s"] for w in self.windows()]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
     def totals(self, lo: float = -math.inf, hi: float = math.inf) -> dict[str, float]:
-        """Sums over the iterations starting inside [lo, hi], for the summary:
-        ``num_iterations`` (all), ``num_counted`` (inside) and, over those inside, the sums
-        of :data:`_SUMMED` and ``num_compute_bound``."""
-        out = dict.fromkeys(("num_iterations", "num_counted", *_SUMMED, "num_compute_bound"), 0.0)
-        trimmed = lo > -math.inf or hi < math.inf
+        """Sums over the iterations that start in [lo, hi), for the summary.
+
+        Keys: ``num_counted`` (iterations inside), the sums of :data:`_SUMMED` and
+        ``num_compute_bound`` over them, ``max_kv_cache_usage`` (0 if none), and
+        ``busy_s``: the time inside [lo, hi] covered by any iteration (an iteration that
+        straddles a bound counts its part inside).
+        """
+        keys = ("num_counted", *_SUMMED, "num_compute_bound", "max_kv_cache_usage", "busy_s")
+        out = dict.fromkeys(keys, 0.0)
         for window in self.windows():
-            start = window["start_time_s"]
-            out["num_iterations"] += len(start)
-            inside: Any = (start >= lo) & (start <= hi) if trimmed else slice(None)
-            out["num_counted"] += len(start[inside])
+            start, end = window["start_time_s"], window["end_time_s"]
+            inside = (start >= lo) & (start < hi)
+            out["num_counted"] += float(np.count_nonzero(inside))
             for key in _SUMMED:
                 out[key] += float(window[key][inside].sum(dtype=float))
             out["num_compute_bound"] += float(np.count_nonzero(window["compute_bound"][inside]))
+            usage = window["kv_cache_usage"][inside]
+            if usage.size:
+                out["max_kv_cache_usage"] = max(out["max_kv_cache_usage"], float(usage.max()))
+            covered = np.minimum(end, hi) - np.maximum(start, lo)
+            out["busy_s"] += float(covered[covered > 0].sum())
         return out
 
 
@@ -358,6 +367,8 @@ _SUMMED = (
     "num_prefill_tokens",
     "num_decode_tokens",
     "num_padding_tokens",
+    "num_preempted",
+    "num_swapped_out",
     "cpu_time_ms",
     "duration_ms",
 )
@@ -383,88 +394,6 @@ REQUEST_COLUMNS = [
 ]
 
 
-class ItlLog:
-    """Inter-token gaps as runs: gaps of equal length ``gap`` ending at ``time + j x gap`` for
-    ``j`` in ``first..last``, each shared by ``count`` tokens.
-
-    Tokens that share a gap are stored once with a count, and a decode stretch of K
-    iterations over B requests adds one run of count B per distinct iteration time instead
-    of (K-1) x B rows, so memory grows with runs, not with tokens. The end times are those
-    the engine computed (the same expression), so a gap ending exactly at a request's
-    finish time compares equal to it.
-    """
-
-    def __init__(self) -> None:
-        self._rows = ChunkedColumns(
-            {"time": "f8", "gap": "f8", "count": "i4", "first": "i4", "last": "i4"}
-        )
-
-    def add(self, time: float, gap: float, count: int = 1) -> None:
-        """``count`` tokens whose gap ``gap`` ended at ``time``."""
-        self._rows.append((time, gap, count, 0, 0))
-
-    def add_run(self, start: float, gap: float, count: int, first: int, last: int) -> None:
-        """``count`` tokens per gap ending at ``start + j x gap``, j = ``first..last``."""
-        self._rows.append((start, gap, count, first, last))
-
-    def extend(self, times: np.ndarray, gaps: np.ndarray, count: int) -> None:
-        """Add ``len(gaps)`` single gaps sharing one ``count``."""
-        self._rows.extend((times, gaps, count, 0, 0), len(gaps))
-
-    def samples(self, lo: float = -math.inf, hi: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
-        """(gaps, weights) of the gaps ending inside [lo, hi]."""
-        rows = self._rows
-        gap = rows.column("gap")
-        first = rows.column("first").astype(np.int64)
-        last = rows.column("last").astype(np.int64)
-        if lo > -math.inf or hi < math.inf:
-            start = rows.column("time")
-            first = np.maximum(first, _first_index_at_least(start, gap, lo, first, last))
-            last = np.minimum(last, _last_index_at_most(start, gap, hi, first, last))
-        weight = rows.column("count").astype(np.int64) * np.maximum(0, last - first + 1)
-        keep = weight > 0
-        return gap[keep], weight[keep]
-
-
-def _first_index_at_least(
-    start: np.ndarray, gap: np.ndarray, bound: float, first: np.ndarray, last: np.ndarray
-) -> np.ndarray:
-    """Per row, the least j in first..last (or last + 1) with ``start + j x gap >= bound``,
-    evaluated with the engine's own expression (a division only gives a first guess)."""
-    if bound == -math.inf:
-        return first
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        guess = np.ceil((bound - start) / gap)
-    # a zero gap: every end is ``start``
-    guess = np.where(gap > 0, guess, np.where(start >= bound, first, last + 1))
-    j = np.clip(guess, first, last + 1).astype(np.int64)
-    while True:  # step from the guess (usually off by at most one) to the exact index
-        down = (j > first) & (start + gap * (j - 1) >= bound)
-        up = (j <= last) & (start + gap * j < bound)
-        if not (down.any() or up.any()):
-            return j
-        j = j - down + up
-
-
-def _last_index_at_most(
-    start: np.ndarray, gap: np.ndarray, bound: float, first: np.ndarray, last: np.ndarray
-) -> np.ndarray:
-    """Per row, the greatest j in first..last (or first - 1) with ``start + j x gap <=
-    bound``."""
-    if bound == math.inf:
-        return last
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        guess = np.floor((bound - start) / gap)
-    guess = np.where(gap > 0, guess, np.where(start <= bound, last, first - 1))
-    j = np.clip(guess, first - 1, last).astype(np.int64)
-    while True:
-        up = (j < last) & (start + gap * (j + 1) <= bound)
-        down = (j >= first) & (start + gap * j > bound)
-        if not (down.any() or up.any()):
-            return j
-        j = j - down + up
-
-
 Columns = dict[str, Any]
 """A table as column name -> numpy array (or list of strings), all of one length."""
 
@@ -473,7 +402,10 @@ class RequestLog:
     """Final records of the requests that left the engine (finished, rejected or cancelled).
 
     A request is recorded as one row when it leaves, so a run of millions of requests keeps
-    only those in flight as Python objects.
+    only those in flight as Python objects. A finished request also leaves the iterations
+    that sampled its tokens, as runs of consecutive iteration indices (its
+    ``token_segments``); inter-token gaps are computed from them and the iterations' end
+    times (:meth:`inter_token_gaps`), for the requests the summary counts.
     """
 
     _STATUS_NAMES = np.array([s.name.lower() for s in RequestStatus], dtype=object)
@@ -492,8 +424,10 @@ class RequestLog:
                 "num_preemptions": "i4",
                 "num_swaps": "i4",
                 "status": "i1",
+                "num_segments": "i4",
             }
         )
+        self._segments = ChunkedColumns({"first": "i8", "last": "i8"})
         self._reasons: dict[int, str] = {}
 
     @property
@@ -502,6 +436,8 @@ class RequestLog:
 
     def add(self, r: Request) -> None:
         """Record ``r``, which has reached a final status."""
+        segments = r.closed_segments() if r.status == RequestStatus.FINISHED else []
+        num_segments = len(segments) // 2
         self._rows.append(
             (
                 r.request_id,
@@ -515,16 +451,25 @@ class RequestLog:
                 r.num_preemptions,
                 r.num_swaps,
                 int(r.status),
+                num_segments,
             )
         )
+        if num_segments == 1:
+            self._segments.append((segments[0], segments[1]))
+        elif num_segments:
+            pairs = np.array(segments, dtype=np.int64).reshape(-1, 2)
+            self._segments.extend((pairs[:, 0], pairs[:, 1]), num_segments)
         if r.reject_reason:
             self._reasons[r.request_id] = r.reject_reason
+
+    def _order(self) -> np.ndarray:
+        return np.argsort(self._rows.column("request_id"), kind="stable")
 
     def to_columns(self) -> Columns:
         """One row per request in ``request_id`` order (times in s, latencies in ms, NaN
         where not applicable): ``requests.csv``."""
         rows = self._rows
-        order = np.argsort(rows.column("request_id"), kind="stable")
+        order = self._order()
 
         def col(key: str) -> np.ndarray:
             return rows.column(key)[order]
@@ -559,3 +504,42 @@ class RequestLog:
             "status": status,
             "reject_reason": reasons,
         }
+
+    def token_segments(self, counted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The token runs of the requests selected by ``counted`` (a boolean mask over
+        :meth:`to_columns`'s rows): (first iterations, last iterations, and for each run
+        whether it is its request's first)."""
+        rows = self._rows
+        num_segments = rows.column("num_segments").astype(np.int64)
+        selected = np.zeros(len(num_segments), dtype=bool)
+        selected[self._order()[counted]] = True
+        per_segment = np.repeat(selected, num_segments)
+        first = self._segments.column("first")[per_segment]
+        last = self._segments.column("last")[per_segment]
+        kept = num_segments[selected]  # runs per selected request, in storage order
+        is_first = np.zeros(len(first), dtype=bool)
+        is_first[(np.cumsum(kept) - kept)[kept > 0]] = True
+        return first, last, is_first
+
+
+def inter_token_gaps(
+    first: np.ndarray, last: np.ndarray, is_first: np.ndarray, end_times: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every inter-token gap of some requests, as (gap values, weights) in seconds.
+
+    A request's tokens came at the ends of the iterations of its runs ``first[k]..last[k]``
+    (consecutive iterations); each token after the first contributes the time since the
+    request's previous token: within a run the gap of iteration i is ``end[i] - end[i-1]``,
+    and a run that is not its request's first starts with ``end[first] - end[previous
+    last]``. Gaps inside runs are pooled per iteration with a count (the number of runs that
+    contain it), so the sample is exact and its size bounded by the iterations.
+    """
+    boundary = end_times[first[~is_first]] - end_times[last[np.flatnonzero(~is_first) - 1]]
+    inner = last > first
+    n = len(end_times) + 1
+    counts = np.bincount(first[inner] + 1, minlength=n) - np.bincount(last[inner] + 1, minlength=n)
+    weights = np.cumsum(counts[:-1])
+    used = np.flatnonzero(weights)
+    steps = end_times[used] - end_times[used - 1]
+    values = np.concatenate((boundary, steps))
+    return values, np.concatenate((np.ones(len(boundary), dtype=np.int64), weights[used]))

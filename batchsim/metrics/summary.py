@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from batchsim.metrics.logs import Columns, IterationLog, ItlLog
+from batchsim.metrics.logs import Columns, IterationLog, RequestLog, inter_token_gaps
 
 
 def _rows(table: Columns, mask: np.ndarray) -> Columns:
@@ -54,34 +54,49 @@ def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> 
 
 
 def summarize(
-    requests: Columns,
+    request_log: RequestLog,
     iterations: IterationLog,
-    itl: ItlLog,
     *,
-    num_preemptions: int,
-    max_kv_cache_usage: float,
-    num_swaps: int = 0,
+    requests: Columns | None = None,
     slo: dict[str, float] | None = None,
     warmup_s: float = 0.0,
     cooldown_s: float = 0.0,
+    request_rate: float = math.nan,
 ) -> dict[str, Any]:
     """The summary dict of a run (``summary.json`` without ``wall_time_s`` and ``config``).
 
-    With ``warmup_s``/``cooldown_s``, request metrics count only requests that arrived inside
-    [first arrival + warmup, last arrival - cooldown]; inter-token gaps and iteration
-    statistics count only those that ended/started inside that window.
+    One window for everything. The *counted* requests are those that arrived in [first
+    arrival + ``warmup_s``, last arrival - ``cooldown_s``] (all requests by default); request
+    metrics (latencies, throughput, goodput, the ITL of their tokens) count the finished ones
+    among them. ``duration`` spans from the first counted arrival to the last counted finish,
+    and every iteration statistic (batch size, waste and bound fractions, busy and CPU
+    fractions, preemptions, swaps, peak KV usage) counts the iterations that start inside that
+    span (``busy_fraction``: the time the span is covered by iterations). ``num_iterations``
+    is every iteration of the run (the rows of ``iterations.csv``).
+
+    Args:
+        request_log: The requests that left, with their token times.
+        iterations: The iteration log.
+        requests: ``request_log.to_columns()`` if already built.
+        slo: ``ttft_ms``/``tpot_ms``/``e2el_ms`` limits for ``request_goodput``.
+        warmup_s: Leave out requests arriving this long after the first arrival.
+        cooldown_s: Leave out requests arriving this long before the last arrival.
+        request_rate: The workload's configured arrival rate (req/s), reported as is.
     """
+    if requests is None:
+        requests = request_log.to_columns()
     arrivals = requests["arrival_time_s"]
-    lo = (arrivals.min() if arrivals.size else 0.0) + warmup_s
-    hi = (arrivals.max() if arrivals.size else 0.0) - cooldown_s
-    trimmed = warmup_s > 0 or cooldown_s > 0
-    req = _rows(requests, (arrivals >= lo) & (arrivals <= hi)) if trimmed else requests
-    done = _rows(req, req["status"] == "finished")
+    counted = np.ones(len(arrivals), dtype=bool)
+    if (warmup_s > 0 or cooldown_s > 0) and arrivals.size:
+        lo, hi = arrivals.min() + warmup_s, arrivals.max() - cooldown_s
+        counted = (arrivals >= lo) & (arrivals <= hi)
+    req = _rows(requests, counted)
+    finished = req["status"] == "finished"
+    done = _rows(req, finished)
     completed = len(done["status"])
-    if completed:
-        duration = float(done["finish_time_s"].max() - req["arrival_time_s"].min())
-    else:
-        duration = 0.0
+    t0 = float(req["arrival_time_s"].min()) if len(finished) else 0.0
+    t1 = float(done["finish_time_s"].max()) if completed else t0
+    duration = t1 - t0
     total_in = int(done["prompt_tokens"].sum())
     total_out = int(done["output_tokens"].sum())
 
@@ -90,7 +105,10 @@ def summarize(
 
     out: dict[str, Any] = {
         "completed": completed,
-        "num_requests": len(req["status"]),
+        "failed": len(finished) - completed,
+        "num_requests": len(finished),
+        "num_prompts": len(finished),
+        "request_rate": request_rate,
         "duration": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
@@ -110,17 +128,14 @@ def summarize(
     out.update(_stats("ttft", done["ttft_ms"]))
     tpot = done["tpot_ms"]
     out.update(_stats("tpot", tpot[~np.isnan(tpot)]))
-    if trimmed:
-        # Gaps are not attributed to requests: keep those that ended inside the window
-        # spanned by the counted requests (first counted arrival .. last counted finish).
-        end = float(done["finish_time_s"].max()) if completed else hi
-        itl_value, itl_count = itl.samples(lo, end)
-    else:
-        itl_value, itl_count = itl.samples()
+    end_times = iterations.end_times()
+    first, last, is_first = request_log.token_segments(counted & (requests["status"] == "finished"))
+    itl_value, itl_count = inter_token_gaps(first, last, is_first, end_times)
     out.update(_stats("itl", itl_value * 1e3, itl_count))
     out.update(_stats("e2el", done["e2el_ms"]))
+    out.update(_peaks(done, first, last, end_times))
 
-    it = iterations.totals(lo, hi) if trimmed else iterations.totals()
+    it = iterations.totals(t0, t1)
     num_iter = it["num_counted"]
     computed_tokens = it["num_prefill_tokens"] + it["num_decode_tokens"] + it["num_padding_tokens"]
     slots = it["num_slots"]
@@ -128,10 +143,10 @@ def summarize(
     queue = queue[~np.isnan(queue)]
     out.update(
         {
-            "num_iterations": int(it["num_iterations"]),
+            "num_iterations": iterations.num_rows,
             "mean_batch_size": it["num_seqs"] / num_iter if num_iter else math.nan,
-            "num_preemptions": int(num_preemptions),
-            "num_swaps": int(num_swaps),
+            "num_preemptions": int(it["num_preempted"]),
+            "num_swaps": int(it["num_swapped_out"]),
             "num_rejected": int((req["status"] == "rejected").sum()),
             "num_cancelled": int((req["status"] == "cancelled").sum()),
             "mean_queue_delay_ms": float(queue.mean()) if queue.size else math.nan,
@@ -141,9 +156,36 @@ def summarize(
             else 0.0,
             "empty_slot_fraction": 1 - it["num_seqs"] / slots if slots else 0.0,
             "compute_bound_fraction": it["num_compute_bound"] / num_iter if num_iter else 0.0,
-            "max_kv_cache_usage": float(max_kv_cache_usage),
+            "max_kv_cache_usage": it["max_kv_cache_usage"],
             "cpu_overhead_fraction": it["cpu_time_ms"] / it["duration_ms"] if num_iter else 0.0,
-            "busy_fraction": it["duration_ms"] / 1e3 / duration if duration else 0.0,
+            "busy_fraction": it["busy_s"] / duration if duration > 0 else 0.0,
         }
     )
     return out
+
+
+def _peaks(
+    done: Columns, first: np.ndarray, last: np.ndarray, end_times: np.ndarray
+) -> dict[str, float]:
+    """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: in one-second
+    buckets from the first finished request's arrival, the most tokens sampled (first tokens
+    included) and the most finished requests in flight (a request counts in every bucket from
+    its arrival's to its finish's)."""
+    if not len(done["status"]):
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    origin = float(done["arrival_time_s"].min())
+    n = len(end_times) + 1
+    tokens = np.cumsum(np.bincount(first, minlength=n) - np.bincount(last + 1, minlength=n))[:-1]
+    sampled = np.flatnonzero(tokens)
+    buckets = np.floor(end_times[sampled] - origin).astype(np.int64)
+    per_second = np.bincount(buckets, weights=tokens[sampled]) if sampled.size else np.zeros(1)
+    begin = np.floor(done["arrival_time_s"] - origin).astype(np.int64)
+    finish = np.floor(done["finish_time_s"] - origin).astype(np.int64)
+    size = int(finish.max()) + 2
+    in_flight = np.cumsum(
+        np.bincount(begin, minlength=size) - np.bincount(finish + 1, minlength=size)
+    )
+    return {
+        "max_output_tokens_per_s": float(per_second.max()),
+        "max_concurrent_requests": int(in_flight.max()),
+    }

@@ -18,6 +18,7 @@ from batchsim.scheduler.output import SchedulerOutput
 class ChunkedPrefillScheduler(Scheduler):
     name = "chunked_prefill"
     config_keys = frozenset({"policy", "max_num_seqs", "max_num_batched_tokens", "preemption_mode"})
+    decode_stretches = True
 
     def schedule(self, now: float) -> SchedulerOutput:
         preempted: list[Request] = []
@@ -31,18 +32,19 @@ class ChunkedPrefillScheduler(Scheduler):
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 request = self.waiting[0]
                 q = min(request.num_remaining_tokens, budget)
-                if not kv.allocate(request, request.num_computed_tokens + q):
+                if not kv.allocate(request, request.num_computed_tokens + q, admission=True):
                     break
                 self.admit(request)
                 requests.append(request)
                 tokens.append(q)
                 budget -= q
-        return self.make_output(requests, tokens, now, preempted=preempted)
+        return self.make_output(requests, tokens, preempted=preempted)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
+        # A waiting request that could be admitted would change the next iteration (free
+        # blocks never grow during a stretch, so checking now is enough).
         if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
             head = self.waiting[0]
-            need = self.kv_cache.blocks_needed(head, head.num_computed_tokens + 1)
-            if need <= self.kv_cache.num_free_blocks:
+            if self.kv_cache.can_allocate(head, head.num_computed_tokens + 1, admission=True):
                 return 1
         return 1 << 62

@@ -33,6 +33,7 @@ class ContinuousScheduler(Scheduler):
             "preemption_mode",
         }
     )
+    decode_stretches = True
 
     def policy_reject_reason(self, request: Request) -> str:
         budget = self.config.max_num_batched_tokens
@@ -57,7 +58,7 @@ class ContinuousScheduler(Scheduler):
             q = request.num_remaining_tokens
             if q > token_budget and not (first and q > max_budget):
                 break
-            if not self.kv_cache.allocate(request, request.num_tokens):
+            if not self.kv_cache.allocate(request, request.num_tokens, admission=True):
                 break
             self.admit(request)
             requests.append(request)
@@ -75,22 +76,23 @@ class ContinuousScheduler(Scheduler):
                 prefill_tokens: list[int] = []
                 self._admit_prefills(budget, len(self.running), prefills, prefill_tokens)
                 if prefills:
-                    return self.make_output(prefills, prefill_tokens, now)
+                    return self.make_output(prefills, prefill_tokens)
             requests, tokens, left = self.schedule_running(budget, preempted)
             if not preempted and self.swapped:
                 self.schedule_swapped(left, requests, tokens)
-            return self.make_output(requests, tokens, now, preempted=preempted)
+            return self.make_output(requests, tokens, preempted=preempted)
         requests, tokens, left = self.schedule_running(budget, preempted)
         if not preempted and self.swapped:
             left = self.schedule_swapped(left, requests, tokens)
         if not preempted and not self.swapped and left > 0:
             self._admit_prefills(left, len(self.running), requests, tokens)
-        return self.make_output(requests, tokens, now, preempted=preempted)
+        return self.make_output(requests, tokens, preempted=preempted)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
-        # A waiting request that could be admitted would change the next iteration.
+        # A waiting request that could be admitted would change the next iteration (free
+        # blocks never grow during a stretch, so checking now is enough).
         if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
             head = self.waiting[0]
-            if self.kv_cache.blocks_needed(head, head.num_tokens) <= self.kv_cache.num_free_blocks:
+            if self.kv_cache.can_allocate(head, head.num_tokens, admission=True):
                 return 1
         return 1 << 62

@@ -3,22 +3,23 @@
 A policy decides *which* requests run in the next iteration and *how many tokens* each
 computes (:meth:`Scheduler.schedule`). Everything else lives here, once: admission checks
 (requests that can never fit are rejected with a reason), KV-block allocation, preemption by
-recompute, appending sampled tokens, finishing at the output length, cancellation at an
-iteration boundary, timestamps and inter-token-latency records.
+recompute or swap, appending sampled tokens, finishing at the output length, cancellation at
+an iteration boundary and each request's timestamps.
 
-The engine drives a scheduler with four calls per iteration: :meth:`add_request` for arrivals,
-:meth:`schedule` -> cost model -> :meth:`update_from_output`, and :meth:`max_repeat_steps` to
-learn how many identical decode iterations may follow (a decode-only stretch with no
-arrival, completion or KV event in between is advanced in one go).
+The engine drives a scheduler through these calls: :meth:`add_request` for arrivals,
+:meth:`cancel`, :meth:`schedule_iteration` (which calls the policy's :meth:`schedule`) ->
+cost model -> :meth:`update_from_output`, :meth:`next_timer` when nothing runs, and
+:meth:`set_end_of_input` when it learns whether further arrivals are known. A policy that
+sets :attr:`Scheduler.decode_stretches` lets the engine advance a decode-only batch over
+many iterations at once (:mod:`batchsim.engine.stretch`).
 
-This module imports no simpy and nothing from the engine.
+This module imports no simpy and nothing from the engine loop.
 """
 
 from __future__ import annotations
 
 import abc
 from collections import deque
-from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from batchsim.cost import BatchShape
 from batchsim.engine.kv_cache import KVCacheManager, num_blocks_for
 from batchsim.engine.request import Request, RequestStatus
-from batchsim.metrics.logs import ItlLog
+from batchsim.errors import ConfigError
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
 
@@ -62,13 +63,14 @@ class Scheduler(abc.ABC):
     """Base class of batching policies.
 
     Subclasses implement :meth:`schedule` (and optionally :meth:`next_timer`,
-    :meth:`policy_reject_reason`, :meth:`policy_max_repeat`). Register them in
-    :mod:`batchsim.scheduler.registry`, or name them as ``package.module:Class``.
+    :meth:`policy_reject_reason`, :meth:`on_request_left`, :meth:`policy_max_repeat`).
+    Register them in :mod:`batchsim.scheduler.registry`, or name them as
+    ``package.module:Class``.
 
     Args:
         config: The ``scheduler:`` block.
         kv_cache: The engine's block pool.
-        window: Sliding-window length of the model (tokens), or None.
+        window: Sliding-window length of the model (keys per query), or None.
         max_model_len: Longest sequence (prompt + output) the engine accepts, or None.
     """
 
@@ -77,6 +79,14 @@ class Scheduler(abc.ABC):
     """Keys of :class:`SchedulerConfig` the policy reads (others are reported as unused)."""
     reserves_full_sequence: ClassVar[bool] = False
     """True if admission reserves KV for prompt + all output tokens (no preemption needed)."""
+    decode_stretches: ClassVar[bool] = False
+    """The policy's promise that lets the engine fast-forward: when :meth:`schedule` returns
+    a decode-only batch (no preemption, no swap), it would return the same batch again, each
+    request one token further along, at every following iteration until a request finishes,
+    the KV cache runs short, or an arrival, cancellation or timer happens — and for at most
+    :meth:`policy_max_repeat` iterations. The engine then runs those iterations in one step
+    with identical results. False (the default, for policies written elsewhere): every
+    iteration calls :meth:`schedule`."""
 
     def __init__(
         self,
@@ -95,14 +105,21 @@ class Scheduler(abc.ABC):
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         """Requests preempted by swapping, in the order they resume."""
-        self.num_preemptions = 0
-        self.num_swaps = 0
-        self._swap_in_blocks = 0  # copied since the last make_output()
+        self.end_of_input = False
+        """True while no further arrival is known (see :meth:`set_end_of_input`)."""
+        self._swap_in_blocks = 0  # copied during the current schedule_iteration()
         self._swap_out_blocks = 0
-        self.itl = ItlLog()
-        self.arrivals_pending = True
-        """Set by the engine: False once no further arrival is known (lets request-level
-        policies launch a last, partial batch)."""
+
+    @classmethod
+    def check_config(cls, config: SchedulerConfig) -> None:
+        """Reject settings the policy cannot run with (raise :class:`ConfigError`)."""
+        uses_budget = "max_num_batched_tokens" in cls.config_keys
+        if uses_budget and config.max_num_batched_tokens < config.max_num_seqs:
+            raise ConfigError(
+                f"scheduler.max_num_batched_tokens must be >= scheduler.max_num_seqs "
+                f"({config.max_num_seqs}), got {config.max_num_batched_tokens}: every running "
+                "request needs at least one token of the iteration's budget"
+            )
 
     # ---------------------------------------------------------------- engine-facing calls
     def add_request(self, request: Request) -> bool:
@@ -120,9 +137,12 @@ class Scheduler(abc.ABC):
         total = request.num_prompt_tokens + request.max_tokens
         if self.max_model_len is not None and total > self.max_model_len:
             return f"prompt+output {total} tokens > engine.max_model_len {self.max_model_len}"
-        if not self.kv_cache.can_ever_fit(total):
-            need = num_blocks_for(total, self.kv_cache.block_size)
-            return f"needs {need} KV blocks > KV cache capacity {self.kv_cache.num_blocks}"
+        kv = self.kv_cache
+        if not kv.can_ever_fit(total):
+            need = num_blocks_for(total, kv.block_size)
+            room = kv.num_blocks - kv.watermark_blocks
+            above = " above the admission watermark" if kv.watermark_blocks else ""
+            return f"needs {need} KV blocks > KV cache capacity {room}{above}"
         return self.policy_reject_reason(request)
 
     def policy_reject_reason(self, request: Request) -> str:
@@ -147,9 +167,27 @@ class Scheduler(abc.ABC):
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
+    def set_end_of_input(self, ended: bool) -> None:
+        """The engine says whether further arrivals are known: True when none is (open loop:
+        the workload is exhausted; closed loop: every user waits for a reply), False when one
+        becomes known again (closed loop). Request-level batching launches its last, partial
+        batch at the end of input."""
+        self.end_of_input = ended
+
+    def schedule_iteration(self, now: float) -> SchedulerOutput:
+        """The next iteration: the policy's :meth:`schedule`, with the KV blocks it copied
+        between GPU and host memory (swaps) attached to the output."""
+        self._swap_in_blocks = self._swap_out_blocks = 0
+        output = self.schedule(now)
+        if self._swap_in_blocks or self._swap_out_blocks:
+            output.num_swap_in_blocks = self._swap_in_blocks
+            output.num_swap_out_blocks = self._swap_out_blocks
+        return output
+
     @abc.abstractmethod
     def schedule(self, now: float) -> SchedulerOutput:
-        """Choose the next iteration's requests and tokens (empty output = nothing runnable)."""
+        """Choose the next iteration's requests and tokens (empty output = nothing runnable).
+        Build the output with :meth:`make_output`."""
 
     def next_timer(self, now: float) -> float | None:
         """A future time at which :meth:`schedule` may decide differently with no arrival
@@ -157,90 +195,43 @@ class Scheduler(abc.ABC):
         return None
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
-        """Policy limit on repeating a decode-only ``output`` (default: unlimited)."""
+        """With :attr:`decode_stretches`: how many iterations in a row the policy would run
+        the decode-only ``output`` (default: until something else ends the stretch)."""
         return 1 << 62
 
-    def max_repeat_steps(self, output: SchedulerOutput) -> int:
-        """How many consecutive iterations would run exactly this decode-only batch.
-
-        Bounded by the first request to finish (its last token ends the stretch), by the KV
-        blocks the growing contexts need, and by the policy. 1 for anything but pure decode,
-        and for an iteration that preempted or swapped.
-        """
-        if not output.is_decode_only or output.num_prefill_seqs or output.has_side_work:
-            return 1  # preemptions and swaps belong to one iteration
-        if self.swapped and len(self.running) < self.max_num_seqs:
-            head = self.swapped[0]
-            if self.kv_cache.can_swap_in(head, head.num_computed_tokens + 1):
-                return 1  # the next schedule() may resume it; free blocks only shrink later
-        steps = min(r.max_tokens - r.num_output_tokens for r in output.requests)
-        steps = min(steps, self.policy_max_repeat(output))
-        if steps > 1 and not self.reserves_full_sequence:
-            steps = self._kv_limited_steps(output.requests, steps)
-        return max(1, steps)
-
-    def update_from_output(
-        self, output: SchedulerOutput, times: StepTimes | Sequence[float]
-    ) -> list[Request]:
-        """Apply ``output``'s iterations, ending at ``times``; return finished requests.
-
-        More than one iteration is allowed only for a decode-only output and no more than
-        :meth:`max_repeat_steps` allowed. ``times`` may be the end of every iteration.
-        """
-        if not isinstance(times, StepTimes):
-            times = StepTimes.from_ends(times)
-        num_steps = times.num_steps
-        end = times.last_end
-        first_end = times.first_end
+    def update_from_output(self, output: SchedulerOutput, times: StepTimes) -> list[Request]:
+        """Apply ``output``'s iterations (``times.num_steps`` of them, more than one only for
+        a decode-only output of a policy with :attr:`decode_stretches`); return the requests
+        that finished."""
         finished: list[Request] = []
-        # Requests that emitted their previous token together share one gap: group them.
-        gaps: dict[float, int] = {}
+        first, end = times.first_iteration, times.end
+        num_steps = times.num_steps
         if num_steps == 1:
+            start = times.start
             for request, num_new in zip(output.requests, output.num_scheduled_tokens):
                 if request.status != RequestStatus.RUNNING:
                     continue  # preempted later in the same schedule() call
+                if request.first_scheduled_time != request.first_scheduled_time:  # NaN
+                    request.first_scheduled_time = start
                 request.num_computed_tokens += num_new
                 if (
                     request.num_computed_tokens
                     < request.num_prompt_tokens + request.num_output_tokens
                 ):
                     continue  # a non-final prompt chunk samples nothing
-                request.num_output_tokens += 1
-                if request.num_output_tokens == 1:
-                    request.first_token_time = end
-                else:
-                    last = request.last_token_time
-                    gaps[last] = gaps.get(last, 0) + 1
-                request.last_token_time = end
+                request.record_tokens(first, 1, end)
                 if request.num_output_tokens >= request.max_tokens:
                     finished.append(request)
         else:
-            block = self.kv_cache.block_size
-            new_blocks = 0
-            for request in output.requests:
-                last = request.last_token_time
-                gaps[last] = gaps.get(last, 0) + 1
-                grown = request.num_computed_tokens + num_steps
-                blocks = -(-grown // block)
-                if blocks > request.num_blocks:
-                    new_blocks += blocks - request.num_blocks
-                    request.num_blocks = blocks
-                request.num_computed_tokens = grown
-                request.num_output_tokens += num_steps
-                request.last_token_time = end
+            requests = output.requests
+            if not self.reserves_full_sequence:
+                self.kv_cache.grow(requests, num_steps)
+            for request in requests:
+                request.num_computed_tokens += num_steps
+                request.record_tokens(first, num_steps, end)
                 if request.num_output_tokens >= request.max_tokens:
                     assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     finished.append(request)
-            self.kv_cache.take(new_blocks)
-        itl = self.itl
-        for last, count in gaps.items():
-            itl.add(first_end, first_end - last, count)
-        if num_steps > 1:
-            n = len(output.requests)
-            for start, gap, first, last in times.later:
-                itl.add_run(start, gap, n, first, last)
-            if times.later_arrays is not None:
-                itl.extend(*times.later_arrays, n)
         for request in finished:
             request.status = RequestStatus.FINISHED
             request.finish_time = end
@@ -257,73 +248,62 @@ class Scheduler(abc.ABC):
         self,
         requests: list[Request],
         num_tokens: list[int],
-        now: float,
         *,
         preempted: list[Request] | None = None,
         pad_prompts: bool = False,
         num_slots: int | None = None,
         compute_empty_slots: bool = False,
+        padded_context: int | None = None,
     ) -> SchedulerOutput:
-        """Build a :class:`SchedulerOutput` and its :class:`BatchShape` (one pass, O(batch)).
+        """Build the :class:`SchedulerOutput` of ``requests`` computing ``num_tokens`` each,
+        and its :class:`BatchShape`. Changes nothing.
 
         Args:
+            preempted: Requests evicted while building the iteration.
             pad_prompts: Pad every prefill row to the longest one (rectangular prefill).
             num_slots: Batch width including empty slots (default: ``len(requests)``).
-            compute_empty_slots: Empty slots still run as padding rows (naive static batching).
+            compute_empty_slots: Empty slots still run, as one-row padding sequences (naive
+                static batching).
+            padded_context: Every row (and empty slot) attends over this many cached tokens:
+                the rectangular KV cache of naive batched generation. Default: each request's
+                own ``num_computed_tokens``.
         """
-        window = self.window
-        prefill_tokens = decode_tokens = sampled = kv_read = pairs = 0
-        num_prefill = num_decode = 0
-        longest = max(num_tokens) if (pad_prompts and num_tokens) else 0
-        padding = 0
+        contexts: list[int] = []
+        decode: list[bool] = []
+        sampled: list[bool] = []
+        num_outputs = 0
         for request, q in zip(requests, num_tokens):
-            if request.first_scheduled_time != request.first_scheduled_time:  # NaN: first time
-                request.first_scheduled_time = now
-            computed = c = request.num_computed_tokens
+            computed = request.num_computed_tokens
             known = request.num_prompt_tokens + request.num_output_tokens
-            if window is not None and c > window:
-                c = window
-            if request.num_output_tokens and computed + 1 == known:
-                num_decode += 1
-                decode_tokens += q
-                rows = q
-            else:
-                num_prefill += 1
-                prefill_tokens += q
-                rows = longest if longest > q else q
-                padding += rows - q
-            kv_read += c
-            pairs += rows * c + rows * (rows + 1) // 2
-            if computed + q == known:
-                sampled += 1
-        num_outputs = sampled
+            contexts.append(computed if padded_context is None else padded_context)
+            decode.append(request.num_output_tokens > 0 and computed + 1 == known)
+            samples = computed + q == known
+            sampled.append(samples)
+            num_outputs += samples
+        num_decode = sum(decode)
         slots = len(requests) if num_slots is None else num_slots
-        if compute_empty_slots:
-            empty = slots - len(requests)
-            padding += empty
-            sampled += empty
-        shape = BatchShape(
-            num_seqs=len(requests),
-            num_prefill_tokens=prefill_tokens,
-            num_decode_tokens=decode_tokens,
-            num_padding_tokens=padding,
-            num_sampled_tokens=sampled,
-            kv_read_tokens=kv_read,
-            attn_pairs=pairs,
+        empty = slots - len(requests) if compute_empty_slots else 0
+        shape = BatchShape.from_requests(
+            num_tokens,
+            contexts,
+            decode=decode,
+            sampled=sampled,
+            pad_to=max(num_tokens) if (pad_prompts and num_tokens) else None,
+            num_padding_seqs=empty,
+            padding_context=padded_context or 0,
+            window=self.window,
         )
-        swap_in, swap_out = self._swap_in_blocks, self._swap_out_blocks
-        self._swap_in_blocks = self._swap_out_blocks = 0
         return SchedulerOutput(
             requests=requests,
             num_scheduled_tokens=num_tokens,
             shape=shape,
-            num_prefill_seqs=num_prefill,
+            num_prefill_seqs=len(requests) - num_decode,
             num_decode_seqs=num_decode,
             num_slots=slots,
             num_output_tokens=num_outputs,
             preempted=preempted or [],
-            num_swap_in_blocks=swap_in,
-            num_swap_out_blocks=swap_out,
+            context_tokens=contexts,
+            padding_context=padded_context or 0,
         )
 
     def admit(self, request: Request) -> None:
@@ -339,12 +319,10 @@ class Scheduler(abc.ABC):
         room): copy its blocks to host memory and queue it to resume with its progress."""
         self.running.remove(request)
         request.num_preemptions += 1
-        self.num_preemptions += 1
         kv = self.kv_cache
         if self.config.preemption_mode == "swap" and kv.can_swap_out(request):
             self._swap_out_blocks += kv.swap_out(request)
             request.num_swaps += 1
-            self.num_swaps += 1
             request.status = RequestStatus.SWAPPED
             self.swapped.append(request)
             return
@@ -357,8 +335,9 @@ class Scheduler(abc.ABC):
         self, token_budget: int, requests: list[Request], tokens: list[int]
     ) -> int:
         """Resume swapped requests, oldest first, while the batch cap, the token budget and
-        the KV cache allow: copy their blocks back and schedule their next tokens (one for
-        a decode; a chunk of what is left of a prompt). Returns the budget left."""
+        the KV cache (above its watermark) allow: copy their blocks back and schedule their
+        next tokens (one for a decode; a chunk of what is left of a prompt). Returns the
+        budget left."""
         kv = self.kv_cache
         while self.swapped and len(self.running) < self.max_num_seqs and token_budget > 0:
             request = self.swapped[0]
@@ -402,6 +381,7 @@ class Scheduler(abc.ABC):
         i = 0
         running = self.running
         block = self.kv_cache.block_size
+        windowed = self.kv_cache.window is not None  # blocks may be freed: always allocate
         while i < len(running) and token_budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
@@ -409,38 +389,12 @@ class Scheduler(abc.ABC):
             if q > token_budget:
                 q = token_budget
             # Most decode steps need no new block: check inline before the general path.
-            if -(-(computed + q) // block) > request.num_blocks and not self.allocate_or_preempt(
-                request, computed + q, preempted
-            ):
+            if (
+                windowed or -(-(computed + q) // block) > request.num_blocks
+            ) and not self.allocate_or_preempt(request, computed + q, preempted):
                 break
             requests.append(request)
             tokens.append(q)
             token_budget -= q
             i += 1
         return requests, tokens, token_budget
-
-    def _kv_limited_steps(self, requests: Sequence[Request], steps: int) -> int:
-        """Largest k <= steps such that every request can grow by k tokens without preemption
-        (the first step's blocks are already allocated)."""
-        kv = self.kv_cache
-        block = kv.block_size
-        free = kv.num_free_blocks
-
-        def need(k: int) -> int:
-            total = 0
-            for r in requests:
-                extra = -(-(r.num_computed_tokens + k) // block) - r.num_blocks
-                if extra > 0:
-                    total += extra
-            return total
-
-        if need(steps) <= free:
-            return steps
-        lo, hi = 1, steps  # need(lo) <= free (step 1 is allocated), need(hi) > free
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo

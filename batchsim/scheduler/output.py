@@ -5,13 +5,10 @@ This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.cost`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from batchsim.cost import BatchShape
-from batchsim.engine.request import Request
+from batchsim.engine.request import Request, RequestStatus
 
 
 @dataclass(slots=True)
@@ -41,6 +38,16 @@ class SchedulerOutput:
     num_swap_out_blocks: int = 0
     """KV blocks copied out to host memory before this iteration (requests preempted by
     swapping)."""
+    context_tokens: list[int] = field(default_factory=list)
+    """Cached tokens each request's attention sees (its ``num_computed_tokens``, or the
+    padded length of a rectangular batch)."""
+    padding_context: int = 0
+    """Cached tokens each padding sequence's attention sees."""
+
+    @property
+    def num_swapped_out(self) -> int:
+        """Preempted requests whose KV went to host memory (the others recompute)."""
+        return sum(1 for r in self.preempted if r.status == RequestStatus.SWAPPED)
 
     @property
     def has_side_work(self) -> bool:
@@ -64,33 +71,15 @@ class SchedulerOutput:
         return self.num_slots - len(self.requests)
 
 
-EMPTY_SHAPE = BatchShape(num_seqs=0)
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StepTimes:
-    """When the iterations of one scheduled batch end.
+    """Where and when the iterations of one scheduled batch ran: usually one iteration; a
+    decode stretch runs ``num_steps`` identical ones back to back."""
 
-    Usually one iteration; a decode stretch runs several identical ones. The ends after the
-    first are held as runs of equal spacing, so a stretch of hundreds of iterations costs
-    the scheduler O(runs), not O(iterations).
-    """
-
-    first_end: float
-    last_end: float
+    first_iteration: int
+    """Index of the first iteration (its row in ``iterations.csv``)."""
+    start: float
+    """When the first iteration started (s)."""
+    end: float
+    """When the last iteration ended (s)."""
     num_steps: int = 1
-    later: list[tuple[float, float, int, int]] = field(default_factory=list)
-    """Ends after the first, as runs ``(start, spacing, j0, j1)``: the ends
-    ``start + j x spacing`` for j = j0..j1."""
-    later_arrays: tuple[np.ndarray, np.ndarray] | None = None
-    """Or as arrays (ends, gaps to the previous end)."""
-
-    @classmethod
-    def from_ends(cls, ends: Sequence[float] | np.ndarray) -> StepTimes:
-        """From the end time of every iteration."""
-        n = len(ends)
-        if n == 1:
-            end = float(ends[0])
-            return cls(end, end)
-        array = np.asarray(ends, dtype=float)
-        return cls(float(array[0]), float(array[-1]), n, later_arrays=(array[1:], np.diff(array)))

@@ -1,15 +1,19 @@
 """Static (request-level) batching.
 
-The engine waits until ``max_num_seqs`` requests are queued (the last, partial batch launches
-once no further arrival is expected), then runs that batch to completion: one prefill
-iteration for all its prompts, then decode iterations in lockstep. Membership never changes
-inside a batch: a finished request keeps an empty slot until the whole batch ends (reported as
-slot waste), so short requests wait for the longest one. Admission reserves KV for the prompt
-and every output token, so nothing is ever preempted.
+The engine waits until ``max_num_seqs`` requests are queued, then runs that batch to
+completion: one prefill iteration for all its prompts, then decode iterations in lockstep.
+Membership never changes inside a batch: a finished request keeps an empty slot until the
+whole batch ends (reported as slot waste), so short requests wait for the longest one.
+Admission reserves KV for the prompt and every output token, so nothing is ever preempted.
+At the end of input (no further arrival known) a last, partial batch launches: without it
+static batching could never finish a workload whose size is not a multiple of the batch.
 
-``padding: true`` (default, naive batched ``generate``): prompts are padded to the longest one,
-and finished rows keep being computed as padding until the batch ends. ``padding: false`` packs
-prompt tokens back to back and skips finished rows (their slots still stay empty).
+``padding: true`` (default, naive batched ``generate``): prompts are padded to the longest
+one, and the KV cache is a rectangle: every row (finished ones included, as padding rows)
+attends over the longest prompt plus the steps so far, and each slot reserves KV for the
+longest prompt plus the longest output of the batch. ``padding: false`` packs prompt tokens
+back to back, skips finished rows (their slots still stay empty) and reserves each request's
+own length.
 """
 
 from __future__ import annotations
@@ -23,42 +27,75 @@ class StaticScheduler(Scheduler):
     name = "static"
     config_keys = frozenset({"policy", "max_num_seqs", "padding"})
     reserves_full_sequence = True
+    decode_stretches = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.batch_width = 0
         """Slots of the batch in flight (0 = no batch)."""
-        self.num_batches = 0
+        self.batch_prompt_len = 0
+        """Longest prompt of the batch in flight (the padded prompt length)."""
 
     def should_launch(self, now: float) -> bool:
         """Whether the queue justifies a new batch now."""
-        return len(self.waiting) >= self.max_num_seqs or not self.arrivals_pending
+        return len(self.waiting) >= self.max_num_seqs or self.end_of_input
+
+    def _form_batch(self) -> list[Request]:
+        """The longest prefix of the waiting queue (at most ``max_num_seqs``) whose KV
+        reservation fits, reserved and admitted."""
+        kv = self.kv_cache
+        pad = self.config.padding
+        candidates: list[Request] = []
+        longest_prompt = longest_output = packed_need = 0
+        room = kv.num_free_blocks - kv.watermark_blocks
+        for request in self.waiting:
+            if len(candidates) == self.max_num_seqs:
+                break
+            prompt = max(longest_prompt, request.num_prompt_tokens)
+            output = max(longest_output, request.max_tokens)
+            own = kv.blocks_held(0, request.num_prompt_tokens + request.max_tokens)
+            if pad:  # every slot reserves a row of the padded rectangle
+                need = (len(candidates) + 1) * kv.blocks_held(0, prompt + output)
+            else:
+                need = packed_need + own
+            if need > room:
+                break
+            candidates.append(request)
+            longest_prompt, longest_output, packed_need = prompt, output, packed_need + own
+        for request in candidates:
+            tokens = (
+                longest_prompt + longest_output
+                if pad
+                else request.num_prompt_tokens + request.max_tokens
+            )
+            assert kv.allocate(request, tokens, admission=True), "reservation checked above"
+            self.admit(request)
+        return candidates
 
     def schedule(self, now: float) -> SchedulerOutput:
         pad = self.config.padding
         if self.batch_width == 0:
             if not self.waiting or not self.should_launch(now):
-                return self.make_output([], [], now)
-            batch: list[Request] = []
-            kv = self.kv_cache
-            while self.waiting and len(batch) < self.max_num_seqs:
-                request = self.waiting[0]
-                if not kv.allocate(request, request.num_prompt_tokens + request.max_tokens):
-                    break  # the batch is as large as the KV cache allows
-                self.admit(request)
-                batch.append(request)
+                return self.make_output([], [])
+            batch = self._form_batch()
             assert batch, "an empty KV cache must hold any accepted request"
             self.batch_width = len(batch)
-            self.num_batches += 1
+            self.batch_prompt_len = max(r.num_prompt_tokens for r in batch)
             tokens = [r.num_remaining_tokens for r in batch]
-            return self.make_output(batch, tokens, now, pad_prompts=pad)
+            return self.make_output(batch, tokens, pad_prompts=pad)
         running = self.running
+        padded_context = None
+        if pad:  # lockstep: every row is as far past the longest prompt as any live one
+            head = running[0]
+            padded_context = (
+                self.batch_prompt_len + head.num_computed_tokens - head.num_prompt_tokens
+            )
         return self.make_output(
             list(running),
             [1] * len(running),
-            now,
             num_slots=self.batch_width,
             compute_empty_slots=pad,
+            padded_context=padded_context,
         )
 
     def on_request_left(self, request: Request) -> None:

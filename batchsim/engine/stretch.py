@@ -1,0 +1,290 @@
+"""Fast-forward: run many identical decode iterations of one batch as one step.
+
+When a policy returns a decode-only batch and nothing else can change before the next
+request finishes, the KV cache runs short or an external event (arrival, cancellation,
+timer) happens, the following iterations are the same batch with every context one token
+longer. This module is the one home of that shortcut:
+
+- :func:`repeat_limit` — how many iterations the batch would repeat. Only policies that
+  declare :attr:`~batchsim.scheduler.Scheduler.decode_stretches` (the built-in ones do) are
+  fast-forwarded; any other policy is asked at every iteration.
+- :class:`StretchRunner` — prices the stretch and logs it. The iterations differ only in
+  context, and their time changes only when the attention kernel streams one more KV block
+  (the cost model's :meth:`~batchsim.cost.RooflineCostModel.decode_run`), so a stretch is
+  priced and logged as a few *runs* of equal time whose FLOPs and bytes grow by a fixed step.
+  The KV blocks the requests need are taken in one call,
+  :meth:`~batchsim.engine.kv_cache.KVCacheManager.grow`, when the scheduler applies the
+  stretch.
+
+``engine.fast_forward: false`` steps one iteration at a time; the results are identical
+(tested row by row).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from batchsim.cost import IterationCost, RooflineCostModel
+from batchsim.metrics.logs import IterationLog
+from batchsim.scheduler.interface import Scheduler
+from batchsim.scheduler.output import SchedulerOutput, StepTimes
+
+if TYPE_CHECKING:
+    from batchsim.engine.engine import Engine
+
+_WINDOWED_MAX_STEPS = 1024
+"""Longest stretch of a sliding-window model (its KV usage is computed per request and step)."""
+_FIRST_CHUNK = 32
+"""Decode steps priced in the first vectorized call of a windowed stretch (then 4x more)."""
+
+
+def stretches_allowed(policy: type[Scheduler]) -> bool:
+    """Whether ``policy`` promises :attr:`~Scheduler.decode_stretches`.
+
+    The promise is about :meth:`~Scheduler.schedule`, so it counts only where it is declared
+    by the class that defines the policy's ``schedule`` or by a subclass of it: a subclass of
+    a built-in policy that overrides ``schedule()`` is stepped unless it declares the
+    promise again.
+    """
+    for klass in policy.__mro__:
+        if "decode_stretches" in klass.__dict__:
+            return bool(klass.__dict__["decode_stretches"])
+        if "schedule" in klass.__dict__:
+            return False
+    return False
+
+
+def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
+    """How many consecutive iterations would run exactly this decode-only batch.
+
+    Bounded by the first request to finish (its last token ends the stretch), by the KV
+    blocks the growing contexts need, by a swapped-out request that could resume, and by the
+    policy (:meth:`~Scheduler.policy_max_repeat`). 1 for anything but pure decode and for an
+    iteration that preempted or swapped. External events are the engine's to cut.
+    """
+    if not output.is_decode_only or output.num_prefill_seqs or output.has_side_work:
+        return 1  # preemptions and swaps belong to one iteration
+    kv = scheduler.kv_cache
+    if scheduler.swapped and len(scheduler.running) < scheduler.max_num_seqs:
+        head = scheduler.swapped[0]
+        if kv.can_swap_in(head, head.num_computed_tokens + 1):
+            return 1  # the next schedule() may resume it; free blocks only shrink later
+    requests = output.requests
+    steps = min(r.max_tokens - r.num_output_tokens for r in requests)
+    steps = min(steps, scheduler.policy_max_repeat(output))
+    if steps <= 1 or scheduler.reserves_full_sequence:
+        return max(1, steps)
+    steps = kv.max_growth_steps(requests, steps)
+    if kv.window is not None and steps > 1:
+        # A window frees blocks as contexts slide; a policy may then admit a waiting
+        # request, so the stretch ends before free blocks exceed today's.
+        steps = min(steps, _WINDOWED_MAX_STEPS)
+        usage = np.atleast_1d(kv.usage_during_growth(requests, steps))
+        freed = np.flatnonzero(usage < usage[0])
+        if freed.size:
+            steps = int(freed[0])
+    return max(1, steps)
+
+
+class StretchRunner:
+    """Prices and logs decode stretches for an :class:`~batchsim.engine.engine.Engine`."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.cost_model: RooflineCostModel = engine.cost_model
+        self.log: IterationLog = engine.iterations
+        slopes = self.cost_model.decode_token_slopes
+        self._slopes = (
+            slopes.flops,
+            slopes.bytes,
+            slopes.kv_bytes,
+            slopes.compute_time - slopes.memory_time,
+        )
+
+    def run(self, output: SchedulerOutput, now: float, num_steps: int, event: float) -> StepTimes:
+        """Run up to ``num_steps`` iterations of the decode-only ``output`` from ``now``;
+        stop at the first one that ends at or after the external ``event`` time."""
+        engine = self.engine
+        first = self.log.num_rows
+        window = engine.scheduler.window
+        if self.cost_model.ideal or (
+            window is not None
+            and max(max(output.context_tokens), output.padding_context) + num_steps >= window
+        ):
+            done, end = self._run_arrays(output, now, num_steps, event)
+        else:
+            done, end = self._run_runs(output, now, num_steps, event)
+        return StepTimes(first, now, end, done)
+
+    def _run_runs(
+        self, output: SchedulerOutput, now: float, num_steps: int, event: float
+    ) -> tuple[int, float]:
+        """Steps priced as runs of equal time (contexts that no window caps)."""
+        engine = self.engine
+        shape = output.shape
+        rows = shape.num_decode_rows
+        cpu = engine.cpu_time(output.num_seqs)
+        batch = engine.batch_row(output, cpu)
+        overlap = engine.options.async_scheduling
+        back_to_back = engine.back_to_back(now)
+        deltas = tuple(rows * slope for slope in self._slopes)
+        runs: list[tuple] = []
+        start = now
+        done = 0
+        while done < num_steps:
+            at = (
+                shape
+                if done == 0
+                else shape.with_decode_context(shape.kv_read_tokens + rows * done)
+            )
+            cost, same = self.cost_model.decode_run(at)
+            if overlap and done == 0 and not back_to_back:  # nothing to hide the CPU behind
+                same = 1
+            duration = engine.duration(cpu, cost.time, overlap and (done > 0 or back_to_back))
+            steps = min(same, num_steps - done)
+            cut = start + duration * steps >= event
+            if cut:
+                steps = _steps_until(start, duration, event, steps)
+            runs.append(run_row(start, steps, duration, cost, batch, deltas))
+            start = start + duration * steps
+            done += steps
+            if cut:
+                break
+        kv = engine.scheduler.kv_cache
+        usage = kv.usage if engine.scheduler.reserves_full_sequence else None
+        if usage is None:
+            usage = kv.usage_during_growth(output.requests, done)
+        self.log.add_runs(runs, usage)
+        return done, start
+
+    def _run_arrays(
+        self, output: SchedulerOutput, now: float, num_steps: int, event: float
+    ) -> tuple[int, float]:
+        """Steps priced in vectorized chunks and logged one by one (contexts that a sliding
+        window caps, or the ideal roofline, whose time changes every step)."""
+        engine = self.engine
+        cpu = engine.cpu_time(output.num_seqs)
+        pieces: list[tuple] = []
+        done = 0
+        chunk = _FIRST_CHUNK
+        start = now
+        while done < num_steps:
+            size = min(chunk, num_steps - done)
+            back_to_back = engine.back_to_back(start) if done == 0 else True
+            cost, durations = self._chunk(output, cpu, done, size, back_to_back)
+            ends = np.cumsum(durations)
+            ends += start
+            keep = size
+            if event < ends[-1]:
+                keep = int(np.searchsorted(ends, event, side="left")) + 1
+            starts = np.concatenate(([start], ends[: keep - 1]))
+            pieces.append((starts, cost, durations, keep))
+            done += keep
+            start = float(ends[keep - 1])
+            if keep < size:
+                break
+            chunk *= 4
+        batch = engine.batch_row(output, cpu)
+        kv = engine.scheduler.kv_cache
+        if engine.scheduler.reserves_full_sequence:
+            usage: Any = kv.usage
+        else:
+            usage = kv.usage_during_growth(output.requests, done)
+        offset = 0
+        for starts, cost, durations, keep in pieces:
+
+            def cut(value: Any, keep: int = keep) -> Any:
+                return value[:keep] if isinstance(value, np.ndarray) and value.ndim else value
+
+            self.log.extend(
+                (
+                    starts,
+                    1,
+                    cut(durations),
+                    cut(cost.time) * 1e3,
+                    cut(cost.flops),
+                    cut(cost.bytes),
+                    cut(cost.weight_bytes),
+                    cut(cost.kv_bytes),
+                    cut(cost.compute_time - cost.memory_time),
+                    0.0,
+                    0.0,
+                    0.0,
+                    0.0,
+                    *batch,
+                ),
+                keep,
+                usage[offset : offset + keep] if isinstance(usage, np.ndarray) else usage,
+            )
+            offset += keep
+        return done, start
+
+    def _chunk(
+        self, output: SchedulerOutput, cpu: float, first: int, size: int, back_to_back: bool
+    ) -> tuple[IterationCost, np.ndarray]:
+        """Cost and durations of steps ``first .. first + size - 1`` of a decode stretch."""
+        engine = self.engine
+        shape = output.shape
+        window = engine.scheduler.window
+        steps = np.arange(first, first + size)
+        if window is not None:
+            contexts = np.array(output.context_tokens, dtype=np.int64)
+            if shape.num_padding_seqs:
+                padding = np.full(int(shape.num_padding_seqs), output.padding_context)
+                contexts = np.concatenate((contexts, padding))
+            kv_read = np.minimum(contexts[None, :] + steps[:, None], window - 1).sum(axis=1)
+        else:
+            kv_read = shape.kv_read_tokens + steps * shape.num_decode_rows
+        cost = self.cost_model.estimate_decode_stretch(shape, kv_read)
+        gpu = cost.time
+        if not isinstance(gpu, np.ndarray) or gpu.shape != (size,):
+            gpu = np.full(size, gpu, dtype=float)
+        if engine.options.async_scheduling:
+            durations = np.maximum(cpu, gpu)
+            if first == 0 and not back_to_back:
+                durations[0] = cpu + gpu[0]
+        else:
+            durations = gpu + cpu
+        return cost, durations
+
+
+def run_row(
+    start: float,
+    steps: int,
+    duration: float,
+    cost: IterationCost,
+    batch: tuple,
+    deltas: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+) -> tuple:
+    """A row of :data:`~batchsim.metrics.logs.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
+    iterations of ``duration`` from ``start``, the first costing ``cost``, each next one
+    adding ``deltas`` (FLOPs, bytes, KV bytes, bound margin)."""
+    return (
+        start,
+        steps,
+        duration,
+        cost.time * 1e3,
+        cost.flops,
+        cost.bytes,
+        cost.weight_bytes,
+        cost.kv_bytes,
+        cost.compute_time - cost.memory_time,
+        *deltas,
+        *batch,
+    )
+
+
+def _steps_until(start: float, duration: float, event: float, most: int) -> int:
+    """The first step j in 1..most whose end ``start + duration x j`` is at or after
+    ``event`` (the caller knows step ``most`` is)."""
+    if duration <= 0:
+        return most
+    j = min(most, max(1, math.ceil((event - start) / duration)))
+    while j > 1 and start + duration * (j - 1) >= event:
+        j -= 1
+    while j < most and start + duration * j < event:
+        j += 1
+    return j

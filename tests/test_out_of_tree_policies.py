@@ -1,0 +1,279 @@
+"""Policies written outside batchsim (``package.module:Class``): fast-forward is something a
+policy opts into, and the engine guards progress and names the policy that broke a rule."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import batchsim
+from batchsim import cli
+from batchsim.engine import engine as engine_module
+from batchsim.engine.stretch import stretches_allowed
+from batchsim.scheduler import POLICIES, Scheduler
+from batchsim.scheduler.continuous import ContinuousScheduler
+from conftest import assert_same_run, tiny_experiment
+
+POLICY_MODULE = '''
+import math
+
+from batchsim.scheduler import Scheduler
+from batchsim.scheduler.continuous import ContinuousScheduler
+
+
+def admit_all(self):
+    """Admit every waiting request that fits; return them."""
+    admitted = []
+    while self.waiting and len(self.running) < self.max_num_seqs:
+        head = self.waiting[0]
+        if not self.kv_cache.allocate(head, head.num_tokens, admission=True):
+            break
+        self.admit(head)
+        admitted.append(head)
+    return admitted
+
+
+class TwoFewestOutputs(Scheduler):
+    """Prefill first; then decode only the two running requests with the fewest outputs."""
+
+    def schedule(self, now):
+        new = admit_all(self)
+        if new:
+            return self.make_output(new, [r.num_remaining_tokens for r in new])
+        chosen = sorted(self.running, key=lambda r: (r.num_output_tokens, r.request_id))[:2]
+        requests, tokens, preempted = [], [], []
+        for r in chosen:
+            if self.allocate_or_preempt(r, r.num_computed_tokens + 1, preempted):
+                requests.append(r)
+                tokens.append(1)
+        return self.make_output(requests, tokens, preempted=preempted)
+
+
+class TwoFewestOutputsContinuous(ContinuousScheduler):
+    """The same choice, inheriting from a built-in policy that may be fast-forwarded."""
+
+    schedule = TwoFewestOutputs.schedule
+
+
+class DeclaredContinuous(ContinuousScheduler):
+    """A continuous policy that re-declares the promise after overriding schedule()."""
+
+    decode_stretches = True
+
+    def schedule(self, now):
+        return super().schedule(now)
+
+
+class Raises(Scheduler):
+    def schedule(self, now):
+        return 1 / 0
+
+
+class ReturnsNone(Scheduler):
+    def schedule(self, now):
+        return None
+
+
+class TooManyTokens(Scheduler):
+    def schedule(self, now):
+        new = admit_all(self)
+        return self.make_output(new, [r.num_remaining_tokens + 5 for r in new])
+
+
+class ZeroTokens(Scheduler):
+    def schedule(self, now):
+        new = admit_all(self)
+        return self.make_output(new, [0 for r in new])
+
+
+class NotAdmitted(Scheduler):
+    def schedule(self, now):
+        waiting = list(self.waiting)[:1]
+        return self.make_output(waiting, [r.num_remaining_tokens for r in waiting])
+
+
+class NoBlocks(Scheduler):
+    def schedule(self, now):
+        if self.waiting:
+            self.admit(self.waiting[0])
+        first = self.running[:1]
+        return self.make_output(first, [r.num_remaining_tokens for r in first])
+
+
+class FrozenTimer(Scheduler):
+    def schedule(self, now):
+        return self.make_output([], [])
+
+    def next_timer(self, now):
+        return now
+
+
+class NanTimer(FrozenTimer):
+    def next_timer(self, now):
+        return math.nan
+
+
+class Idle(Scheduler):
+    def schedule(self, now):
+        return self.make_output([], [])
+
+
+class CreepingTimer(FrozenTimer):
+    def next_timer(self, now):
+        return now + 1e-3
+
+
+class Recomputes(Scheduler):
+    """Computes one prompt token, then preempts the request: no token is ever sampled."""
+
+    def schedule(self, now):
+        preempted = [r for r in list(self.running)]
+        for r in preempted:
+            self.preempt(r)
+        new = admit_all(self)
+        return self.make_output(new[:1], [1] * len(new[:1]), preempted=preempted)
+
+
+class RejectRaises(Scheduler):
+    def policy_reject_reason(self, request):
+        raise KeyError("boom")
+
+    def schedule(self, now):
+        return self.make_output([], [])
+'''
+
+
+@pytest.fixture
+def policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "oot_policies.py").write_text(POLICY_MODULE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "oot_policies"
+    sys.modules.pop("oot_policies", None)
+
+
+def four_at_once(policy: str, **engine: Any) -> dict[str, Any]:
+    exp = tiny_experiment(scheduler={"policy": policy, "max_num_seqs": 4})
+    exp["workload"] = {
+        "num_requests": 4,
+        "arrival": {"process": "all_at_once"},
+        "prompt_tokens": {"dist": "fixed", "value": 100},
+        "output_tokens": {"dist": "fixed", "value": 20},
+    }
+    exp["engine"] = engine
+    return exp
+
+
+@pytest.mark.parametrize("name", ["TwoFewestOutputs", "TwoFewestOutputsContinuous"])
+def test_a_policy_that_picks_two_of_four_decodes_is_not_fast_forwarded(policies, name):
+    fast = batchsim.run(four_at_once(f"{policies}:{name}"))
+    slow = batchsim.run(four_at_once(f"{policies}:{name}", fast_forward=False))
+    assert_same_run(fast, slow)
+    # Brute force: iteration 0 prefills all four (first tokens); then pairs {0,1} and {2,3}
+    # alternate, each request decoding its 19 other tokens every second iteration.
+    it = fast.iterations
+    assert len(it) == 1 + 4 * 19 // 2 and (it["num_seqs"].iloc[1:] == 2).all()
+    ends = (it["start_time_s"] + it["duration_ms"] / 1e3).to_numpy()
+    finish = fast.requests.set_index("request_id")["finish_time_s"]
+    np.testing.assert_allclose(finish[[0, 1]], ends[37], rtol=1e-12)
+    np.testing.assert_allclose(finish[[2, 3]], ends[38], rtol=1e-12)
+    # every token after the first comes two decode iterations after the previous one
+    decode = it["duration_ms"].iloc[2:].to_numpy()
+    assert fast.summary["p99_itl_ms"] <= 2 * decode.max() + 1e-9
+    assert fast.summary["median_itl_ms"] >= 2 * decode.min() - 1e-9
+
+
+def test_only_policies_that_declare_it_with_their_schedule_are_fast_forwarded(policies):
+    import importlib
+
+    module = importlib.import_module(policies)
+    assert all(stretches_allowed(cls) for cls in POLICIES.values())
+    assert not stretches_allowed(module.TwoFewestOutputs)  # the default
+    assert not stretches_allowed(module.TwoFewestOutputsContinuous)  # overrides schedule()
+    assert stretches_allowed(module.DeclaredContinuous)  # declares it again
+    assert stretches_allowed(ContinuousScheduler) and not stretches_allowed(Scheduler)
+
+
+def test_a_policy_that_declares_decode_stretches_is_fast_forwarded_exactly(policies):
+    exp = tiny_experiment(scheduler={"policy": f"{policies}:DeclaredContinuous"})
+    with mock.patch.object(
+        engine_module.StretchRunner,
+        "run",
+        autospec=True,
+        side_effect=engine_module.StretchRunner.run,
+    ) as runs:
+        fast = batchsim.run(exp)
+    assert runs.call_count > 0
+    slow = batchsim.run({**exp, "engine": {"fast_forward": False}})
+    assert_same_run(fast, slow)
+
+
+def run_cli(policy: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        textwrap.dedent(
+            f"""\
+            name: oot
+            hardware: a100-80gb
+            model: llama-2-7b
+            scheduler: {{policy: "{policy}", max_num_seqs: 4}}
+            workload:
+              num_requests: 3
+              arrival: {{process: poisson, rate: 5}}
+              prompt_tokens: {{dist: fixed, value: 50}}
+              output_tokens: {{dist: fixed, value: 4}}
+            """
+        ),
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    code = cli.main(["run", str(exp), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert not out.exists(), "nothing is written for a broken policy"
+    return code, err
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("Raises", "schedule() raised ZeroDivisionError: division by zero (at "),
+        ("ReturnsNone", "schedule() returned NoneType, not a SchedulerOutput"),
+        ("TooManyTokens", "tokens for request 0, which has only 50 to compute"),
+        ("ZeroTokens", "scheduled 0 tokens for request 0"),
+        ("NotAdmitted", "request 0, which is waiting, not running"),
+        ("NoBlocks", "without the KV blocks to hold them"),
+        ("FrozenTimer", "next_timer() returned"),
+        ("NanTimer", "next_timer() returned nan"),
+        ("Idle", "scheduled nothing and set no timer"),
+        ("RejectRaises", "add_request() raised KeyError: 'boom'"),
+    ],
+)
+def test_a_policy_that_breaks_a_rule_stops_the_run_naming_it(
+    policies, tmp_path, capsys, name, says
+):
+    code, err = run_cli(f"{policies}:{name}", tmp_path, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"batchsim: error: scheduler.policy {policies}:{name}: "), err
+    assert says in lines[0], err
+    assert "Traceback" not in err and "internal error" not in err
+
+
+@pytest.mark.parametrize(
+    ("name", "constant", "says"),
+    [
+        ("CreepingTimer", "MAX_IDLE_WAKEUPS", "times in a row on its timer"),
+        ("Recomputes", "MAX_STEPS_WITHOUT_TOKEN", "without any request sampling a token"),
+    ],
+)
+def test_a_policy_that_stops_making_progress_is_stopped(
+    policies, tmp_path, capsys, monkeypatch, name, constant, says
+):
+    monkeypatch.setattr(engine_module, constant, 200)
+    code, err = run_cli(f"{policies}:{name}", tmp_path, capsys)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
