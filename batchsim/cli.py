@@ -248,14 +248,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _name_set_item(error: ConfigError, args: argparse.Namespace | None) -> ConfigError:
+    """An error about a key given with ``--set`` names that item (errors found after loading,
+    e.g. an unknown hardware name)."""
+    items = getattr(args, "set", None) or []
+    from batchsim.config import name_override, parse_override
+
+    try:
+        overrides = dict(parse_override(item) for item in items)
+    except ConfigError:
+        return error
+    return name_override(error, overrides)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``batchsim`` console script; returns the exit code."""
+    args: argparse.Namespace | None = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"batchsim: error: {exc}", file=sys.stderr)
+        print(f"batchsim: error: {_name_set_item(exc, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

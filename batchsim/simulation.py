@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.catalog.hardware import HardwareProfile, load_hardware
 from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
-from batchsim.config import ExperimentConfig, dump_config, load_experiment, unused_scheduler_keys
+from batchsim.config import (
+    ExperimentConfig,
+    dump_config,
+    keyword_overrides,
+    load_experiment,
+    unused_scheduler_keys,
+)
 from batchsim.cost import RooflineCostModel
 from batchsim.engine.engine import Engine, EngineOptions
 from batchsim.engine.kv_cache import KVCacheManager, kv_capacity_blocks
@@ -238,7 +244,8 @@ def run(
         out_dir: If given, write the output files there.
         **overrides: Dotted keys or top-level blocks, e.g.
             ``run("exp.yaml", **{"scheduler.max_num_seqs": 8})`` or
-            ``run("exp.yaml", scheduler={"max_num_seqs": 8})``.
+            ``run("exp.yaml", scheduler={"max_num_seqs": 8})``. A dotted key replaces its
+            value (a mapping included); a mapping for a top-level block merges into it.
 
     Raises:
         ConfigError: Bad input (nothing is written).
@@ -248,7 +255,7 @@ def run(
             raise ConfigError("overrides need a path or a mapping, not an ExperimentConfig")
         config, base = experiment, None
     else:
-        config = load_experiment(experiment, overrides)
+        config = load_experiment(experiment, keyword_overrides(overrides), origin="override")
         base = Path(experiment).parent if isinstance(experiment, (str, Path)) else None
     result = simulate(config, base)
     if out_dir is not None:

@@ -379,3 +379,199 @@ def test_summary_json_is_strict_json_with_null_for_undefined_values(tmp_path, ex
     summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert summary["mean_tpot_ms"] is None
     assert all(not (isinstance(v, float) and math.isnan(v)) for v in summary.values())
+
+
+# ----------------------------------------------------------------------------- experiment name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../../escaped", "ABSOLUTE", "sub/dir", ".hidden", "a b", "x" * 101, ""],
+    ids=["parent", "absolute", "slash", "dot-first", "space", "101-chars", "empty"],
+)
+def test_unsafe_experiment_name_exits_2_and_writes_nothing(name, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    name = str(tmp_path / "absolute-name") if name == "ABSOLUTE" else name
+    write(work / "exp.yaml", EXPERIMENT.replace("name: cli-test", f"name: {json.dumps(name)}"))
+    line = assert_bad_input(cli.main(["run", "exp.yaml"]), capsys, ["exp.yaml:1:", "name"])
+    for rule in ("letters", "digits", "100"):
+        assert rule in line
+    assert {p.name for p in tmp_path.rglob("*")} == {"a", "b", "exp.yaml"}
+
+
+@pytest.mark.parametrize("name", ["run_1.b-2", "Q" * 100, "7"])
+def test_safe_experiment_names_are_accepted(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "exp.yaml", EXPERIMENT.replace("name: cli-test", f"name: '{name}'"))
+    assert cli.main(["run", "exp.yaml", "--set", "workload.num_requests=3"]) == 0
+    assert (tmp_path / "runs" / name / "summary.json").is_file()
+
+
+# ----------------------------------------------------------------------------- --set
+
+
+def read_requests(directory: Path) -> list[dict[str, str]]:
+    with open(directory / "requests.csv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_set_mapping_replaces_the_whole_block(tmp_path, exp, capsys):
+    out = tmp_path / "out"
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload.arrival={process: all_at_once}"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert {float(r["arrival_time_s"]) for r in read_requests(out)} == {0.0}
+    config = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    assert config["workload"]["arrival"] == {"process": "all_at_once"}
+
+
+def test_set_top_level_block_mapping_replaces_the_block(tmp_path, exp):
+    # The file sets max_num_seqs: 8; the replaced block falls back to the documented 256.
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out), "--set", "scheduler={policy: static}"]) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    assert config["scheduler"]["policy"] == "static"
+    assert config["scheduler"]["max_num_seqs"] == 256
+
+
+def test_python_block_keyword_merges_into_the_block(exp):
+    import batchsim
+
+    result = batchsim.run(exp, workload={"num_requests": 12})
+    assert result.summary["completed"] == 12
+    assert result.config.workload.arrival is not None
+    assert result.config.workload.arrival.model_dump()["rate"] == 10.0  # kept from the file
+    result = batchsim.run(exp, **{"workload.arrival": {"process": "all_at_once"}})
+    assert set(result.requests["arrival_time_s"]) == {0.0}  # a dotted key replaces
+
+
+def test_set_named_workload_then_a_key_inside_it(tmp_path, exp, capsys):
+    out = tmp_path / "out"
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload=sharegpt-like"]
+    assert cli.main([*argv, "--set", "workload.num_requests=20"]) == 0, capsys.readouterr().err
+    summary = read_summary(out)
+    assert summary["completed"] + summary["num_rejected"] == 20
+    assert summary["config"]["workload"]["prompt_tokens"]["mean"] == 2460  # workloads/ file
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        (
+            "workload.prompt_tokens.dist=fixed",
+            ["--set workload.prompt_tokens.dist=fixed:", "workload.prompt_tokens.value"],
+        ),
+        (
+            "workload.arrival.process=gamma",
+            ["--set workload.arrival.process=gamma:", "workload.arrival"],
+        ),
+        ("workload=no-such-workload", ["--set workload=no-such-workload:", "no-such-workload"]),
+        ("hardware=no-such-gpu", ["--set hardware=no-such-gpu:", "a100-80gb"]),
+        ("model=no-such-model", ["--set model=no-such-model:", "llama-2-7b"]),
+        ("workload.trace.path=missing.csv", ["--set workload.trace.path=missing.csv:"]),
+        ("scheduler.max_num_seqs=0", ["--set scheduler.max_num_seqs=0:", "must be >= 1"]),
+        ("scheduler.policy.x=1", ["--set scheduler.policy.x=1:", "not a mapping"]),
+    ],
+)
+def test_errors_caused_by_a_set_value_name_the_set_item_not_the_file(
+    setting, expected, tmp_path, exp, capsys
+):
+    code = cli.main(["run", str(exp), "-o", str(tmp_path / "out"), "--set", setting])
+    line = assert_bad_input(code, capsys, expected)
+    assert "exp.yaml" not in line
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
+
+
+def test_error_in_the_file_still_names_the_file_line_with_unrelated_set(tmp_path, capsys):
+    exp = write(tmp_path / "exp.yaml", EXPERIMENT.replace("max_num_seqs: 8", "max_num_seqs: 0"))
+    argv = ["run", str(exp), "-o", str(tmp_path / "out"), "--set", "workload.num_requests=5"]
+    line = assert_bad_input(cli.main(argv), capsys, [f"exp.yaml:{LINE['max_num_seqs']}:"])
+    assert "--set" not in line
+
+
+def test_set_file_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    exp = write(tmp_path / "elsewhere" / "exp.yaml", EXPERIMENT)
+    monkeypatch.chdir(tmp_path)
+    rows = [f"{0.1 * i!r},{40 + i},{2 + i % 3}" for i in range(7)]
+    write(tmp_path / "mine.csv", "arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows))
+    argv = ["run", str(exp), "-o", "out", "--set", "workload={trace: {path: mine.csv}}"]
+    assert cli.main(argv) == 0
+    assert read_summary(tmp_path / "out")["completed"] == 7
+    config = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text(encoding="utf-8"))
+    assert config["workload"]["trace"]["path"] == str(tmp_path / "mine.csv")
+
+
+# ----------------------------------------------------------------------------- policies from cwd
+
+
+def test_policy_module_in_the_working_directory_loads_without_pythonpath(
+    tmp_path, monkeypatch, capsys
+):
+    import os
+    import sys
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    policy_code = readme.split("## Writing a policy", 1)[1].split("```python\n", 1)[1]
+    policy_code = policy_code.split("```", 1)[0]
+    write(tmp_path / "cwd_policies_for_cli.py", policy_code)
+    monkeypatch.chdir(tmp_path)
+    path = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+    monkeypatch.setattr(sys, "path", path)
+    policy = "policy: cwd_policies_for_cli:ShortestPromptFirst"
+    write(tmp_path / "exp.yaml", EXPERIMENT.replace("policy: continuous", policy))
+    try:
+        assert cli.main(["run", "exp.yaml", "-o", "out"]) == 0, capsys.readouterr().err
+        assert cli.main(["validate", "exp.yaml"]) == 0
+    finally:
+        sys.modules.pop("cwd_policies_for_cli", None)
+    assert read_summary(tmp_path / "out")["completed"] == 30
+    assert sys.path == path  # the search path is left as it was
+
+
+# ----------------------------------------------------------------------------- resolved config
+
+
+def _readme_experiment() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Experiment YAML", 1)[1].split("```yaml\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def _dotted_keys(data: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in data.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _dotted_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def test_resolved_config_holds_every_key_of_the_readme_example_and_reruns_quietly(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    readme_yaml = _readme_experiment()
+    write(tmp_path / "exp.yaml", readme_yaml)
+    small = ["--set", "workload.num_requests=20"]
+    assert cli.main(["run", "exp.yaml", "-o", "first", *small]) == 0
+    assert "note:" not in capsys.readouterr().err  # every scheduler key left at its default
+    resolved = yaml.safe_load((tmp_path / "first" / "config.yaml").read_text(encoding="utf-8"))
+    documented = _dotted_keys(yaml.safe_load(readme_yaml))
+    assert documented <= _dotted_keys(resolved)
+    assert resolved["engine"]["max_model_len"] is None
+    assert cli.main(["run", "first/config.yaml", "-o", "second"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    first, second = read_summary(tmp_path / "first"), read_summary(tmp_path / "second")
+    assert without_wall_time(first) == without_wall_time(second)
+
+
+def test_note_names_only_unused_scheduler_keys_changed_from_the_default(tmp_path, exp, capsys):
+    argv = ["run", str(exp), "-o", str(tmp_path / "out"), "--set", "scheduler.max_wait_ms=10"]
+    assert cli.main([*argv, "--set", "scheduler.padding=true"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: scheduler.max_wait_ms is not used by policy continuous"]
+    assert cli.main(["run", str(tmp_path / "out" / "config.yaml"), "-o", str(tmp_path / "2")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: scheduler.max_wait_ms is not used by policy continuous"]
