@@ -575,3 +575,40 @@ def test_note_names_only_unused_scheduler_keys_changed_from_the_default(tmp_path
     assert cli.main(["run", str(tmp_path / "out" / "config.yaml"), "-o", str(tmp_path / "2")]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert notes == ["note: scheduler.max_wait_ms is not used by policy continuous"]
+
+
+def _field_paths(model: Any, prefix: str = "") -> set[str]:
+    from pydantic import BaseModel
+
+    paths = set()
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        paths.add(prefix + name)
+        if isinstance(value, BaseModel):
+            paths |= _field_paths(value, f"{prefix}{name}.")
+    return paths
+
+
+CLOSED_LOOP = """\
+name: closed-loop
+hardware: a100-80gb
+model: llama-2-7b
+workload:
+  num_requests: 20
+  concurrency: 4
+  think_time_ms: {dist: exponential, mean: 100}
+  cancel_after_ms: {dist: exponential, mean: 5000}
+  prompt_tokens: {dist: fixed, value: 64}
+  output_tokens: {dist: fixed, value: 8}
+"""
+
+
+@pytest.mark.parametrize("experiment", [*catalog_names("experiments"), "closed-loop"])
+def test_resolved_config_spells_out_every_field_and_loads_back_equal(experiment, tmp_path):
+    from batchsim.config import dump_config, load_experiment
+
+    source = write(tmp_path / "closed.yaml", CLOSED_LOOP) if experiment == "closed-loop" else None
+    config = load_experiment(source or experiment)
+    dumped = write(tmp_path / "config.yaml", dump_config(config))
+    assert _field_paths(config) <= _dotted_keys(yaml.safe_load(dumped.read_text("utf-8")))
+    assert load_experiment(dumped) == config
