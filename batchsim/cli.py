@@ -94,14 +94,15 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from batchsim.config import load_experiment, parse_override
-    from batchsim.simulation import simulate
+    from batchsim.simulation import check_output_dir, simulate
 
     overrides = dict(parse_override(item) for item in args.set)
     config = load_experiment(args.experiment, overrides)
+    out_dir = Path(args.output) if args.output else Path("runs") / config.name
+    check_output_dir(out_dir)  # before simulating: a long run must not end in a refusal
     result = simulate(config, Path(args.experiment).parent)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
-    out_dir = Path(args.output) if args.output else Path("runs") / config.name
     result.write(out_dir)
     print(
         f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"

@@ -7,8 +7,10 @@ traceback, nothing written), 1 internal error.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -612,3 +614,133 @@ def test_resolved_config_spells_out_every_field_and_loads_back_equal(experiment,
     dumped = write(tmp_path / "config.yaml", dump_config(config))
     assert _field_paths(config) <= _dotted_keys(yaml.safe_load(dumped.read_text("utf-8")))
     assert load_experiment(dumped) == config
+
+
+# ----------------------------------------------------------------------------- output directory
+
+
+def hidden_leftovers(*directories: Path) -> list[str]:
+    return [p.name for d in directories if d.is_dir() for p in d.iterdir() if p.name[0] == "."]
+
+
+def test_output_path_that_is_a_file_exits_2_and_leaves_it_alone(tmp_path, exp, capsys):
+    target = write(tmp_path / "taken", "mine\n")
+    code = cli.main(["run", str(exp), "-o", str(target)])
+    assert_bad_input(code, capsys, [f"cannot write {target}", "not a directory"])
+    assert target.read_text(encoding="utf-8") == "mine\n"
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "taken"}
+
+
+def test_output_path_under_a_file_exits_2(tmp_path, exp, capsys):
+    write(tmp_path / "taken", "mine\n")
+    target = tmp_path / "taken" / "sub" / "out"
+    code = cli.main(["run", str(exp), "-o", str(target)])
+    assert_bad_input(code, capsys, [f"cannot write {target}", "not a directory"])
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "taken"}
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="no /dev/null on this system")
+def test_output_path_dev_null_exits_2_and_writes_nothing_next_to_it(exp, capsys):
+    before = set(hidden_leftovers(Path("/dev")))
+    assert_bad_input(cli.main(["run", str(exp), "-o", "/dev/null"]), capsys, ["/dev/null"])
+    assert set(hidden_leftovers(Path("/dev"))) == before
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0,
+    reason="root ignores permission bits; the EACCES and /sys tests cover this path",
+)
+def test_read_only_directory_exits_2_with_the_os_reason(tmp_path, exp, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        code = cli.main(["run", str(exp), "-o", str(locked / "out")])
+        assert_bad_input(code, capsys, [f"cannot write {locked / 'out'}", "Permission denied"])
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_permission_denied_by_the_os_exits_2_with_the_reason(tmp_path, exp, monkeypatch, capsys):
+    real_mkdir = os.mkdir
+
+    def denied(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).parent == tmp_path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", denied)
+    code = cli.main(["run", str(exp), "-o", str(tmp_path / "out")])
+    line = assert_bad_input(code, capsys, [f"cannot write {tmp_path / 'out'}:"])
+    assert line.endswith("[Errno 13] Permission denied")
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
+
+
+@pytest.mark.skipif(not os.path.ismount("/sys"), reason="needs Linux sysfs at /sys")
+def test_directory_even_root_cannot_create_exits_2(exp, capsys):
+    # sysfs refuses new directories to everyone, root included.
+    target = Path("/sys/batchsim-test-output")
+    assert_bad_input(cli.main(["run", str(exp), "-o", str(target)]), capsys, [f"{target}: [Errno"])
+    assert not target.exists()
+
+
+def test_disk_full_while_writing_exits_2_and_keeps_the_previous_run(
+    tmp_path, exp, monkeypatch, capsys
+):
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out)]) == 0
+    previous = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+
+    def disk_full(tables: Any, names: list[str], path: Path) -> None:
+        path.write_text("request_id,arr", encoding="utf-8")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("batchsim.simulation.write_csv", disk_full)
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload.num_requests=5"]
+    line = assert_bad_input(cli.main(argv), capsys, [])
+    assert line == f"batchsim: error: cannot write {out}: [Errno 28] No space left on device"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == previous
+    assert hidden_leftovers(tmp_path, out) == []
+    new = tmp_path / "new" / "deeper"
+    assert_bad_input(cli.main([*argv[:3], str(new)]), capsys, ["No space left on device"])
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "out"}
+
+
+USER_FILES = {"config.yaml": "my own notes\n", "summary.json": '{"completed": 3}\n'}
+
+
+@pytest.mark.parametrize("name", list(USER_FILES))
+def test_directory_with_a_users_file_of_an_output_name_is_refused(
+    name, tmp_path, exp, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / name, USER_FILES[name])
+
+    def must_not_run(*args: Any, **kwargs: Any):
+        raise AssertionError("simulated before checking the output directory")
+
+    monkeypatch.setattr("batchsim.simulation.simulate", must_not_run)
+    line = assert_bad_input(cli.main(["run", "exp.yaml", "-o", "."]), capsys, [name, "-o DIR"])
+    assert "cannot write ." in line
+    assert (tmp_path / name).read_text(encoding="utf-8") == USER_FILES[name]
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", name}
+
+
+def test_output_into_a_previous_run_an_empty_or_an_unrelated_directory(tmp_path, exp):
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out)]) == 0
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload.num_requests=7"]
+    assert cli.main(argv) == 0  # a previous run is replaced
+    assert read_summary(out)["completed"] == 7
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["run", str(exp), "-o", str(empty)]) == 0
+    assert {p.name for p in empty.iterdir()} == OUTPUT_FILES
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    write(notes / "README.txt", "mine\n")
+    assert cli.main(["run", str(exp), "-o", str(notes)]) == 0
+    assert {p.name for p in notes.iterdir()} == OUTPUT_FILES | {"README.txt"}
+    assert hidden_leftovers(tmp_path, out, empty, notes) == []
