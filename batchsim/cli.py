@@ -6,7 +6,9 @@ Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal err
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -262,8 +264,35 @@ def _name_set_item(error: ConfigError, args: argparse.Namespace | None) -> Confi
     return name_override(error, overrides)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that clean-up code (``finally``) runs."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut clean-up short
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``batchsim`` console script; returns the exit code."""
+    """Entry point of the ``batchsim`` console script; returns the exit code.
+
+    SIGTERM and SIGINT (Ctrl-C) stop a run the same way: temporary files are removed and the
+    exit code is 128 + the signal number (143, 130).
+    """
+    installed = threading.current_thread() is threading.main_thread()  # else not allowed
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
+    try:
+        return _main(argv)
+    except _Terminated:
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args: argparse.Namespace | None = None
     try:
         parser = build_parser()
@@ -272,8 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"batchsim: error: {_name_set_item(exc, args)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         return 0
     except Exception:

@@ -11,6 +11,10 @@ import errno
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -744,3 +748,62 @@ def test_output_into_a_previous_run_an_empty_or_an_unrelated_directory(tmp_path,
     assert cli.main(["run", str(exp), "-o", str(notes)]) == 0
     assert {p.name for p in notes.iterdir()} == OUTPUT_FILES | {"README.txt"}
     assert hidden_leftovers(tmp_path, out, empty, notes) == []
+
+
+# ----------------------------------------------------------------------------- signals
+
+WRITE_SLOWLY = r"""
+import signal, sys, time
+from pathlib import Path
+
+import batchsim.simulation as simulation
+from batchsim import cli
+
+real_write_csv = simulation.write_csv
+
+
+def write_then_wait(tables, names, path):
+    real_write_csv(tables, names, path)
+    Path(sys.argv[1]).write_text("writing", encoding="utf-8")
+    time.sleep(60)
+
+
+simulation.write_csv = write_then_wait
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job may ignore SIGINT
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 128 + 15), (signal.SIGINT, 128 + 2)], ids=["TERM", "INT"]
+)
+def test_signal_while_writing_exits_128_plus_signal_and_removes_the_temporary_folder(
+    signum, code, tmp_path, exp
+):
+    marker = tmp_path / "writing"
+    out = tmp_path / "out"
+    argv = [sys.executable, "-c", WRITE_SLOWLY, str(marker), "run", str(exp), "-o", str(out)]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the child never started writing"
+            time.sleep(0.02)
+        assert hidden_leftovers(tmp_path)  # the temporary folder is there while writing
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, err
+    assert b"Traceback" not in err
+    assert hidden_leftovers(tmp_path) == []
+    assert not out.exists()
+
+
+def test_main_restores_the_callers_sigterm_handler(capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["list", "policies"]) == 0
+    assert signal.getsignal(signal.SIGTERM) == before
