@@ -28,6 +28,13 @@ from batchsim.errors import ConfigError
 
 __all__ = ["FORMATS", "add_arguments", "build_rows", "run"]
 
+DESCRIPTION = (
+    "Price iteration shapes with the cost model: decode batches (--batch B1,B2,... with "
+    "--context cached tokens per request) or one prefill chunk (--tokens N1,N2,...). Prints "
+    "time, tok/s, FLOPs, bytes (weights and KV cache), arithmetic intensity, bound and the "
+    "time of each operator group, with the ridge point and the knee batch size (the "
+    "smallest decode batch that is compute-bound)."
+)
 FORMATS = ("table", "csv", "json")
 KV_DTYPES = ("auto", *DTYPE_BYTES)
 DEFAULT_DECODE_CONTEXT = 1024

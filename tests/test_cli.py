@@ -355,7 +355,7 @@ def test_missing_experiment_file_exits_2(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("argv", [["run"], ["list", "gpus"], ["frobnicate"], []])
+@pytest.mark.parametrize("argv", [["run"], ["list", "gpus"], ["frobnicate"]])
 def test_command_line_usage_errors_exit_2_with_one_line(argv, capsys):
     assert_bad_input(cli.main(argv), capsys, ["batchsim"])
 
@@ -807,3 +807,65 @@ def test_main_restores_the_callers_sigterm_handler(capsys):
     before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["list", "policies"]) == 0
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ----------------------------------------------------------------------------- usage and help
+
+COMMANDS = ("run", "validate", "roofline", "list")
+
+
+def test_bare_batchsim_prints_usage_and_one_error_line(capsys):
+    assert cli.main([]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    lines = printed.err.strip().splitlines()
+    assert lines[0].startswith("usage: batchsim")
+    errors = [line for line in lines if "error" in line]
+    assert len(errors) == 1 and lines[-1] == errors[0]
+    assert errors[0].startswith("batchsim: error: ")
+    assert errors[0].count("batchsim:") == 1
+    for command in COMMANDS:
+        assert command in errors[0]
+
+
+@pytest.mark.parametrize("argv", [["run"], ["list", "gpus"], ["frobnicate"], ["run", "--nope"]])
+def test_usage_error_line_has_a_single_prefix(argv, capsys):
+    line = assert_bad_input(cli.main(argv), capsys, ["batchsim: error: "])
+    assert "error: batchsim" not in line
+
+
+def _subparsers() -> dict[str, Any]:
+    import argparse
+
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_is_plain_text_and_exits_0(command, capsys):
+    argv = ["--help"] if command is None else [command, "--help"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: batchsim")
+    for markup in ("``", ":class:", ":func:", ":meth:", ":data:", ":mod:"):
+        assert markup not in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_argument_of_every_command_has_help(command):
+    parser = _subparsers()[command]
+    assert parser.description
+    for action in parser._actions:
+        assert action.help, f"batchsim {command} {action.dest}: no help text"
+
+
+def test_python_dash_m_batchsim_is_the_batchsim_command(tmp_path, capsys):
+    assert cli.main(["list", "policies"]) == 0
+    expected = capsys.readouterr().out
+    run = [sys.executable, "-m", "batchsim"]
+    proc = subprocess.run([*run, "list", "policies"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == expected
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: batchsim")
