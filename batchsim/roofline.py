@@ -32,8 +32,8 @@ DESCRIPTION = (
     "Price iteration shapes with the cost model: decode batches (--batch B1,B2,... with "
     "--context cached tokens per request) or one prefill chunk (--tokens N1,N2,...). Prints "
     "time, tok/s, FLOPs, bytes (weights and KV cache), arithmetic intensity, bound and the "
-    "time of each operator group, with the ridge point and the knee batch size (the "
-    "smallest decode batch that is compute-bound)."
+    "time of each operator group, with the ridge point and the knee batch size (where "
+    "decode turns compute-bound; the table marks it)."
 )
 FORMATS = ("table", "csv", "json")
 KV_DTYPES = ("auto", *DTYPE_BYTES)
