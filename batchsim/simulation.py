@@ -146,7 +146,7 @@ def _make_dirs(directory: Path) -> list[Path]:
     created = []
     try:
         for path in missing:
-            path.mkdir()
+            os.mkdir(path)
             created.append(path)
     except BaseException:
         for path in reversed(created):
@@ -161,7 +161,7 @@ def _make_staging_dir(parent: Path) -> Path:
     while True:
         path = parent / f".batchsim-tmp-{secrets.token_hex(4)}"
         try:
-            path.mkdir()
+            os.mkdir(path)
             return path
         except FileExistsError:
             continue
