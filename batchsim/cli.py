@@ -1,6 +1,7 @@
 """The ``batchsim`` command line: run, validate, roofline, list.
 
-Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error.
+Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error, 130/143
+when interrupted by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 engine -> tables and summary, and write the output directory.
 
 The output files and their names are a contract (``summary.json``, ``requests.csv``,
-``iterations.csv``, ``config.yaml``); a run writes them into a temporary directory next to the
-target and moves them in place only when everything succeeded, so bad input never leaves a
-half-written directory.
+``iterations.csv``, ``config.yaml``); a run writes them into a hidden temporary directory and
+moves them in place only when everything succeeded, so bad input, a full disk or an interrupt
+never leaves a half-written directory, and it replaces only files of a previous batchsim run
+(:func:`check_output_dir`).
 """
 
 from __future__ import annotations

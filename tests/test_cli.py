@@ -489,6 +489,11 @@ def test_errors_caused_by_a_set_value_name_the_set_item_not_the_file(
     assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
 
 
+def test_validate_names_the_set_item_of_an_unknown_hardware(exp, capsys):
+    code = cli.main(["validate", str(exp), "--set", "hardware=no-such-gpu"])
+    assert_bad_input(code, capsys, ["--set hardware=no-such-gpu: hardware: unknown name"])
+
+
 def test_error_in_the_file_still_names_the_file_line_with_unrelated_set(tmp_path, capsys):
     exp = write(tmp_path / "exp.yaml", EXPERIMENT.replace("max_num_seqs: 8", "max_num_seqs: 0"))
     argv = ["run", str(exp), "-o", str(tmp_path / "out"), "--set", "workload.num_requests=5"]
@@ -515,9 +520,6 @@ def test_set_file_paths_are_relative_to_the_working_directory(tmp_path, monkeypa
 def test_policy_module_in_the_working_directory_loads_without_pythonpath(
     tmp_path, monkeypatch, capsys
 ):
-    import os
-    import sys
-
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     policy_code = readme.split("## Writing a policy", 1)[1].split("```python\n", 1)[1]
     policy_code = policy_code.split("```", 1)[0]
