@@ -1,12 +1,15 @@
-"""The ``batchsim`` command: run, validate, roofline, list.
+"""The ``batchsim`` command line: run, validate, roofline, list.
 
-Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error.
+Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error, 130/143
+when interrupted by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 
 from batchsim.errors import ConfigError
 
+COMMANDS = ("run", "validate", "roofline", "list")
 LIST_KINDS = ("hardware", "models", "policies", "workloads")
 
 
@@ -21,7 +25,11 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as ConfigError (exit 2, one line)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}")
+        if self.prog == "batchsim" and "arguments are required" in message:
+            # bare `batchsim` (the command is its only required argument): show the usage
+            self.print_usage(sys.stderr)
+            raise ConfigError(f"a command is required: {', '.join(COMMANDS)} (see batchsim --help)")
+        raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
 def _fmt(value: Any, unit: str = "") -> str:
@@ -94,14 +102,15 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from batchsim.config import load_experiment, parse_override
-    from batchsim.simulation import simulate
+    from batchsim.simulation import check_output_dir, simulate
 
     overrides = dict(parse_override(item) for item in args.set)
     config = load_experiment(args.experiment, overrides)
+    out_dir = Path(args.output) if args.output else Path("runs") / config.name
+    check_output_dir(out_dir)  # before simulating: a long run must not end in a refusal
     result = simulate(config, Path(args.experiment).parent)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
-    out_dir = Path(args.output) if args.output else Path("runs") / config.name
     result.write(out_dir)
     print(
         f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"
@@ -212,53 +221,137 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = (
+    "Simulate an LLM serving engine's batching policies (static, dynamic, continuous, chunked "
+    "prefill) with a roofline cost model, without a GPU."
+)
+EPILOG = (
+    "Exit codes: 0 ok; 2 bad input, reported as one line on stderr; 1 an internal error (a "
+    "bug); 130 or 143 when interrupted by SIGINT or SIGTERM. 'batchsim COMMAND --help' "
+    "describes a command."
+)
+SET_HELP = (
+    "set a key of the experiment to a YAML value, e.g. scheduler.max_num_seqs=8 or "
+    "'workload.arrival={process: all_at_once}' (a mapping replaces the whole block); repeat "
+    "the option to set several keys, applied in order; file paths are relative to the "
+    "working directory"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="batchsim", description=__doc__.splitlines()[0] if __doc__ else None)
+    """The ``batchsim`` argument parser with its four commands."""
+    parser = _Parser(prog="batchsim", description=DESCRIPTION, epilog=EPILOG)
     from batchsim import __version__
 
-    parser.add_argument("--version", action="version", version=f"batchsim {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p = sub.add_parser("run", help="simulate an experiment and write its outputs")
-    p.add_argument("experiment", help="experiment YAML (or a built-in experiment name)")
-    p.add_argument("-o", "--output", help="output directory (default: runs/<name>)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a key, e.g. --set scheduler.max_num_seqs=8",
+    parser.add_argument(
+        "--version", action="version", version=f"batchsim {__version__}", help="print the version"
     )
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="{" + ",".join(COMMANDS) + "}"
+    )
+
+    p = sub.add_parser(
+        "run",
+        help="simulate an experiment and write its outputs",
+        description="Simulate an experiment, print a summary table, and write summary.json, "
+        "requests.csv, iterations.csv and config.yaml into the output directory.",
+        epilog="The output directory must be new, empty, or hold a previous batchsim run "
+        "(whose output files are replaced); batchsim refuses to replace files it did not write.",
+    )
+    p.add_argument("experiment", help="experiment YAML file, or a built-in experiment name")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="DIR",
+        help="output directory (default: runs/NAME, NAME being the experiment's name)",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=SET_HELP)
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("validate", help="check an experiment without running it")
-    p.add_argument("experiment")
-    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p = sub.add_parser(
+        "validate",
+        help="check an experiment without running it",
+        description="Check an experiment and its --set overrides, load its hardware and model "
+        "and size its KV cache, without simulating; writes nothing.",
+    )
+    p.add_argument("experiment", help="experiment YAML file, or a built-in experiment name")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=SET_HELP)
     p.set_defaults(func=_cmd_validate)
 
     from batchsim import roofline
 
-    p = sub.add_parser("roofline", help="per-iteration time, FLOPs, bytes and bound of shapes")
+    p = sub.add_parser(
+        "roofline",
+        help="per-iteration time, FLOPs, bytes and bound of shapes",
+        description=roofline.DESCRIPTION,
+    )
     roofline.add_arguments(p)
     p.set_defaults(func=roofline.run)
 
-    p = sub.add_parser("list", help="list built-in hardware, models, policies or workloads")
-    p.add_argument("kind", choices=LIST_KINDS)
+    p = sub.add_parser(
+        "list",
+        help="list built-in hardware, models, policies or workloads",
+        description="List the built-in hardware profiles, models, batching policies or "
+        "workloads (with trace samples, arrival processes and distributions).",
+    )
+    p.add_argument("kind", choices=LIST_KINDS, help="what to list: " + ", ".join(LIST_KINDS))
     p.set_defaults(func=_cmd_list)
     return parser
 
 
+def _name_set_item(error: ConfigError, args: argparse.Namespace | None) -> ConfigError:
+    """An error about a key given with ``--set`` names that item (errors found after loading,
+    e.g. an unknown hardware name)."""
+    items = getattr(args, "set", None) or []
+    from batchsim.config import name_override, parse_override
+
+    try:
+        overrides = dict(parse_override(item) for item in items)
+    except ConfigError:
+        return error
+    return name_override(error, overrides)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that clean-up code (``finally``) runs."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut clean-up short
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``batchsim`` console script; returns the exit code."""
+    """Entry point of the ``batchsim`` console script; returns the exit code.
+
+    SIGTERM and SIGINT (Ctrl-C) stop a run the same way: temporary files are removed and the
+    exit code is 128 + the signal number (143, 130).
+    """
+    installed = threading.current_thread() is threading.main_thread()  # else not allowed
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
+    try:
+        return _main(argv)
+    except _Terminated:
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args: argparse.Namespace | None = None
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version
+            return exc.code if isinstance(exc.code, int) else 0
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"batchsim: error: {exc}", file=sys.stderr)
+        print(f"batchsim: error: {_name_set_item(exc, args)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         return 0
     except Exception:

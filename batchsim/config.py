@@ -9,6 +9,8 @@ or hardware and does not import simpy.
 from __future__ import annotations
 
 import copy
+import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -20,9 +22,12 @@ from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
 from batchsim.scheduler.interface import SchedulerConfig
 from batchsim.scheduler.registry import load_policy
-from batchsim.validation import ConfigModel, config_error_from_pydantic
+from batchsim.validation import ConfigModel, config_error_from_pydantic, format_value
 from batchsim.workload import WorkloadConfig
 from batchsim.yamlio import line_of, read_mapping
+
+MAX_NAME_CHARS = 100
+_NAME_PATTERN = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
 
 WeightDtype = Literal["fp16", "bf16", "fp8", "int8", "int4"]
 KvDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
@@ -112,6 +117,17 @@ class ExperimentConfig(ConfigModel):
             raise ValueError("must not be empty")
         return value
 
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, value: str) -> str:
+        # The default output directory is runs/<name>: a name must not reach outside runs/.
+        if not _NAME_PATTERN.fullmatch(value):
+            raise ValueError(
+                f"must be a folder name of 1 to {MAX_NAME_CHARS} letters, digits, '.', '-' or "
+                f"'_', not starting with '.'; got {format_value(value)}"
+            )
+        return value
+
 
 def parse_override(item: str) -> tuple[str, Any]:
     """``"scheduler.max_num_seqs=8"`` -> ``("scheduler.max_num_seqs", 8)`` (YAML value syntax)."""
@@ -126,15 +142,103 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
-def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy of ``data`` with dotted-path overrides applied.
+_MAX_LABEL_VALUE_CHARS = 60
 
-    A mapping value given for a top-level key is merged into that block
-    (``scheduler={"max_num_seqs": 8}``); a dotted key replaces one value.
+
+def override_label(key: str, value: Any, origin: str = "--set") -> str:
+    """How an override is named in error messages: ``--set workload.arrival.rate=8``."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (Mapping, list)):
+        text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip()
+    else:
+        text = json.dumps(value)
+    text = " ".join(text.split())
+    if len(text) > _MAX_LABEL_VALUE_CHARS:
+        text = text[: _MAX_LABEL_VALUE_CHARS - 3] + "..."
+    return f"{origin} {key}={text}"
+
+
+def keyword_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`batchsim.run`'s keyword arguments as dotted overrides.
+
+    A mapping given for a top-level block merges into that block
+    (``scheduler={"max_num_seqs": 8}`` sets one key and keeps the others); any other value,
+    and every dotted key, replaces what is there.
     """
-    out = copy.deepcopy(data)
+    out: dict[str, Any] = {}
     for key, value in overrides.items():
+        if "." not in key and isinstance(value, Mapping):
+            out.update({f"{key}.{sub}": item for sub, item in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+# Keys whose string value may be a file; an override's file is relative to the working
+# directory (a file's own values are relative to the file).
+_FILE_KEYS = ("hardware", "model", "workload", "workload.trace.path")
+
+
+def _absolutize_override(data: dict[str, Any], key: str) -> None:
+    for file_key in _FILE_KEYS:
+        if file_key != key and not file_key.startswith(key + "."):
+            continue
+        *parents, last = file_key.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(last) if isinstance(node, dict) else None
+        if not isinstance(value, str):
+            continue
+        if file_key != "workload.trace.path" and not (
+            "/" in value or value.endswith((".yaml", ".yml", ".json"))
+        ):
+            continue  # a built-in name
+        candidate = Path.cwd() / value
+        if candidate.is_file():
+            node[last] = str(candidate.resolve())
+
+
+def apply_overrides(
+    data: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    *,
+    origin: str = "--set",
+    base_dir: Path | None = None,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """Return a copy of ``data`` with dotted-key overrides applied, in order.
+
+    Each value replaces what is at its key, a mapping included:
+    ``workload.arrival={process: all_at_once}`` replaces the whole ``arrival`` block. A named
+    workload (``workload: sharegpt-like``) becomes its mapping before a key inside it is set,
+    so ``workload=sharegpt-like`` followed by ``workload.num_requests=20`` works. File paths
+    given as override values are relative to the working directory.
+
+    Args:
+        data: The experiment mapping (not modified).
+        overrides: Dotted key -> value.
+        origin: How the overrides were given, for error messages (``--set``).
+        base_dir: Directory of the experiment file (for a named workload in it).
+        source: The experiment file, for error messages about it.
+
+    Raises:
+        ConfigError: A key that is not a dotted path, or one that reaches into a value that is
+            not a mapping; the message names the override.
+    """
+    out = copy.deepcopy(dict(data))
+    base = base_dir if base_dir is not None else Path.cwd()
+    named_by: str | None = None  # the override that set workload to a name, if any
+    for key, value in overrides.items():
+        label = override_label(key, value, origin)
         parts = key.split(".")
+        if not all(part.strip() for part in parts):
+            raise ConfigError(
+                f"{key!r} is not a dotted key path like scheduler.max_num_seqs", label
+            )
+        if len(parts) > 1 and parts[0] == "workload":
+            _expand_named_workload(out, base, source, named_by)
         node = out
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
@@ -142,16 +246,26 @@ def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[
                 child = node[part] = {}
             if not isinstance(child, dict):
                 path = ".".join(parts[: i + 1])
-                raise ConfigError(f"--set {key}: {path} is not a mapping (it is {child!r})")
+                raise ConfigError(f"{path} is not a mapping (it is {format_value(child)})", label)
             node = child
-        last = parts[-1]
-        if isinstance(value, Mapping) and isinstance(node.get(last), dict):
-            merged = dict(node[last])
-            merged.update(value)
-            node[last] = merged
-        else:
-            node[last] = value
+        node[parts[-1]] = copy.deepcopy(value)
+        _absolutize_override(out, key)
+        if key == "workload":
+            named_by = label if isinstance(value, str) else None
+    if named_by is not None:
+        _expand_named_workload(out, base, source, named_by)
     return out
+
+
+def _expand_named_workload(
+    data: dict[str, Any], base_dir: Path, source: str | None, named_by: str | None
+) -> None:
+    try:
+        _expand_workload(data, base_dir, source)
+    except ConfigError as exc:
+        if named_by is None:
+            raise
+        raise ConfigError(exc.message, named_by) from None
 
 
 def _absolutize(data: dict[str, Any], base_dir: Path) -> None:
@@ -226,27 +340,102 @@ def validate_experiment(
     return config
 
 
+def _error_key(message: str) -> str:
+    """The dotted key an error message starts with (``workload.arrival.rate``)."""
+    return re.sub(r"\[\d+\]", "", message.split(" ", 1)[0].rstrip(":"))
+
+
+def _related(item: str, key: str) -> bool:
+    return item == key or key.startswith(item + ".") or item.startswith(key + ".")
+
+
 def _located(
     message: str, source: str | None, text: str | None, overridden: Iterable[str]
 ) -> ConfigError:
     """A ConfigError pointing at the line of the offending key, or at ``--set`` if the value
     came from the command line."""
-    key = message.split(" ", 1)[0].rstrip(":")
+    key = _error_key(message)
     for item in overridden:
-        if key == item or key.startswith(item + ".") or item.startswith(key + "."):
-            return ConfigError(f"{message} (from --set {item})", source)
+        if _related(item, key):
+            return ConfigError(message, f"--set {item}")
     line = line_of(text, key.split(".")) if text else None
     return ConfigError(message, source, line)
 
 
+def name_override(
+    error: ConfigError, overrides: Mapping[str, Any], origin: str = "--set"
+) -> ConfigError:
+    """``error`` naming the override it is about (``--set hardware=h100: hardware: ...``) when
+    it names no file and its key is an override's key, inside one or around one; else
+    ``error`` itself."""
+    if error.source:
+        return error
+    key = _error_key(error.message)
+    related = [item for item in overrides if _related(item, key)]
+    if not related:
+        return error
+    item = max(reversed(related), key=lambda k: k.count("."))  # the most specific, then the last
+    return ConfigError(error.message, override_label(item, overrides[item], origin))
+
+
+def _validation_errors(data: Mapping[str, Any], base_dir: Path) -> list[tuple[Any, ...]] | None:
+    """(location, type) of each schema error of ``data``; None if it cannot even be read."""
+    raw = copy.deepcopy(dict(data))
+    try:
+        _expand_workload(raw, base_dir, None)
+        _absolutize(raw, base_dir)
+        ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        return [(tuple(e["loc"]), e["type"]) for e in exc.errors(include_url=False)]
+    except ConfigError:
+        return None
+    return []
+
+
+def _blame_overrides(
+    error: ConfigError,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    origin: str,
+    base_dir: Path,
+) -> ConfigError:
+    """Name the override behind ``error`` (raised validating ``after``) instead of the file.
+
+    An error about an override's key, or a schema error the file alone does not have (a
+    sibling key the new value needs, a combination it forbids), is the override's; other
+    errors stay the file's, with its line.
+    """
+    named = name_override(ConfigError(error.message), overrides, origin)
+    if named.source:
+        return named
+    new = _validation_errors(after, base_dir)
+    if not new or new[0] in (_validation_errors(before, base_dir) or ()):
+        return error
+    key = _error_key(error.message).split(".")
+
+    def shared(item: str) -> int:
+        parts = item.split(".")
+        return next((i for i, (a, b) in enumerate(zip(parts, key)) if a != b), len(parts))
+
+    item = max(reversed(list(overrides)), key=shared)  # closest to the key, then the last
+    return ConfigError(error.message, override_label(item, overrides[item], origin))
+
+
 def load_experiment(
-    path_or_data: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+    path_or_data: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    origin: str = "--set",
 ) -> ExperimentConfig:
     """Read, override and validate an experiment.
 
     Args:
         path_or_data: Path to an experiment YAML, a built-in experiment name, or a mapping.
-        overrides: Dotted keys -> values (``{"scheduler.max_num_seqs": 8}``).
+        overrides: Dotted keys -> values, applied in order; each value replaces what is at its
+            key (see :func:`apply_overrides`), e.g. ``{"scheduler.max_num_seqs": 8}``.
+        origin: How the overrides were given; errors they cause name them with it
+            (``--set scheduler.max_num_seqs=0: ...``).
     """
     if isinstance(path_or_data, Mapping):
         data, text, source, base = dict(path_or_data), None, None, Path.cwd()
@@ -260,21 +449,33 @@ def load_experiment(
                 raise ConfigError(f"experiment file not found: {path_or_data}")
         data, text = read_mapping(path)
         source, base = str(path), path.parent
-    if overrides:
-        # A named workload becomes a mapping first, so --set workload.x=... can reach into it.
-        _expand_workload(data, base, source)
-        data = apply_overrides(data, overrides)
-    return validate_experiment(
-        data, source=source, text=text, base_dir=base, overridden=list(overrides or ())
-    )
+    if not overrides:
+        return validate_experiment(data, source=source, text=text, base_dir=base)
+    changed = apply_overrides(data, overrides, origin=origin, base_dir=base, source=source)
+    try:
+        return validate_experiment(changed, source=source, text=text, base_dir=base)
+    except ConfigError as exc:
+        raise _blame_overrides(exc, data, changed, overrides, origin, base) from None
 
 
 def unused_scheduler_keys(config: ExperimentConfig, used: frozenset[str]) -> list[str]:
-    """``scheduler.*`` keys the experiment set that its policy does not read."""
-    return sorted(k for k in config.scheduler.model_fields_set if k not in used and k != "options")
+    """``scheduler.*`` keys the policy does not read whose value is not the default.
+
+    Keys left at their default say nothing, so rerunning a resolved ``config.yaml`` (which
+    spells out every default) reports only what the user changed.
+    """
+    scheduler = config.scheduler
+    return sorted(
+        key
+        for key, field in type(scheduler).model_fields.items()
+        if key not in used
+        and key not in ("policy", "options")
+        and getattr(scheduler, key) != field.get_default(call_default_factory=True)
+    )
 
 
 def dump_config(config: ExperimentConfig) -> str:
-    """The resolved experiment as YAML (every default filled in): enough to rerun it."""
-    data = config.model_dump(mode="json", exclude_none=True)
+    """The resolved experiment as YAML, every default filled in (nulls included): enough to
+    rerun it."""
+    data = config.model_dump(mode="json")
     return yaml.safe_dump(data, sort_keys=False)

@@ -28,6 +28,13 @@ from batchsim.errors import ConfigError
 
 __all__ = ["FORMATS", "add_arguments", "build_rows", "run"]
 
+DESCRIPTION = (
+    "Price iteration shapes with the cost model: decode batches (--batch B1,B2,... with "
+    "--context cached tokens per request) or one prefill chunk (--tokens N1,N2,...). Prints "
+    "time, tok/s, FLOPs, bytes (weights and KV cache), arithmetic intensity, bound and the "
+    "time of each operator group, with the ridge point and the knee batch size (where "
+    "decode turns compute-bound; the table marks it)."
+)
 FORMATS = ("table", "csv", "json")
 KV_DTYPES = ("auto", *DTYPE_BYTES)
 DEFAULT_DECODE_CONTEXT = 1024
@@ -36,28 +43,51 @@ MAX_KNEE_BATCH = 65536
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``roofline`` options to ``parser``."""
-    parser.add_argument("--model", required=True, help="built-in model name, YAML or config.json")
-    parser.add_argument("--hardware", required=True, help="built-in hardware name or YAML path")
-    parser.add_argument("--tp", default="1", help="tensor-parallel degree (default 1)")
     parser.add_argument(
-        "--dtype", default="bf16", help=f"weight dtype: {', '.join(WEIGHT_DTYPES)} (default bf16)"
+        "--model",
+        required=True,
+        metavar="NAME",
+        help="built-in model name, model YAML or config.json",
+    )
+    parser.add_argument(
+        "--hardware", required=True, metavar="NAME", help="built-in hardware name or profile YAML"
+    )
+    parser.add_argument("--tp", default="1", metavar="N", help="tensor-parallel degree (default 1)")
+    parser.add_argument(
+        "--dtype",
+        default="bf16",
+        metavar="DTYPE",
+        help=f"weight dtype: {', '.join(WEIGHT_DTYPES)} (default bf16)",
     )
     parser.add_argument(
         "--kv-dtype",
         default="auto",
+        metavar="DTYPE",
         help=f"KV-cache dtype: {', '.join(KV_DTYPES)} (default auto = weight dtype)",
     )
-    parser.add_argument("--batch", help="decode batch sizes, comma-separated (e.g. 1,8,64,256)")
     parser.add_argument(
-        "--tokens", help="prefill chunk sizes in tokens, comma-separated (e.g. 1,512,2048)"
+        "--batch",
+        metavar="B1,B2,...",
+        help="decode batch sizes, comma-separated (e.g. 1,8,64,256)",
+    )
+    parser.add_argument(
+        "--tokens",
+        metavar="N1,N2,...",
+        help="prefill chunk sizes in tokens, comma-separated (e.g. 1,512,2048)",
     )
     parser.add_argument(
         "--context",
         default=None,
+        metavar="C",
         help=f"cached tokens per request (default {DEFAULT_DECODE_CONTEXT} with --batch, "
         "0 with --tokens)",
     )
-    parser.add_argument("--format", default="table", help="table, csv or json (default table)")
+    parser.add_argument(
+        "--format",
+        default="table",
+        metavar="{" + ",".join(FORMATS) + "}",
+        help="output format (default table); csv and json carry every column of the table",
+    )
     parser.add_argument(
         "--ideal",
         action="store_true",
@@ -110,20 +140,33 @@ def build_rows(
     rows = []
     for batch, context, shape in shapes:
         cost = cost_model.estimate(shape)
+        tokens = int(shape.num_tokens)
         rows.append(
             {
                 "batch_size": batch,
                 "context_len": context,
-                "num_tokens": int(shape.num_tokens),
+                "num_tokens": tokens,
                 "time_ms": cost.time * 1e3,
+                "tokens_per_s": tokens / cost.time if cost.time > 0 else 0.0,
                 "flops": float(cost.flops),
                 "bytes": float(cost.bytes),
+                "weight_bytes": float(cost.weight_bytes),
+                "kv_bytes": float(cost.kv_bytes),
                 "intensity": float(cost.intensity),
                 "bound": cost.bound,
                 "ops": {name: cost.ops[name].time * 1e3 for name in OP_NAMES},
+                "knee": False,
             }
         )
     return rows
+
+
+def mark_knee(rows: list[dict[str, Any]], knee: int | None) -> None:
+    """Set ``knee`` on the decode row at the knee batch size, or on the smallest batch past it
+    when the knee is not among the rows (the row the table marks)."""
+    past = [row for row in rows if knee is not None and row["batch_size"] >= knee]
+    if past:
+        min(past, key=lambda row: row["batch_size"])["knee"] = True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,7 +203,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         shapes = [(1, context, BatchShape.prefill(n, context, window)) for n in sizes]
     rows = build_rows(cost_model, shapes)
-    knee = cost_model.knee_batch_size(max(context, 1) if decode else context, MAX_KNEE_BATCH)
+    knee = cost_model.knee_batch_size(context, MAX_KNEE_BATCH)
+    if decode:
+        mark_knee(rows, knee)
     result = {
         "model": model.name,
         "hardware": hardware.name,
@@ -179,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(result, out, indent=2)
         out.write("\n")
     elif fmt == "csv":
-        _write_csv(rows, out)
+        _write_csv(rows, knee, out)
     else:
         _write_table(result, decode, out)
     return 0
@@ -188,23 +233,39 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- output
 
 
-def _write_csv(rows: list[dict[str, Any]], out: TextIO) -> None:
-    scalar = [
-        "batch_size",
-        "context_len",
-        "num_tokens",
-        "time_ms",
-        "flops",
-        "bytes",
-        "intensity",
-        "bound",
-    ]
+_CSV_SCALARS = (
+    "batch_size",
+    "context_len",
+    "num_tokens",
+    "time_ms",
+    "tokens_per_s",
+    "flops",
+    "bytes",
+    "weight_bytes",
+    "kv_bytes",
+    "intensity",
+    "bound",
+)
+
+
+def _csv_cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else str(value)
+
+
+def _write_csv(rows: list[dict[str, Any]], knee: int | None, out: TextIO) -> None:
+    """Every column of the table, plus the knee batch size of the header on every row."""
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(scalar + [f"{name}_ms" for name in OP_NAMES])
+    ops = [f"{name}_ms" for name in OP_NAMES]
+    writer.writerow([*_CSV_SCALARS, *ops, "knee", "knee_batch_size"])
     for row in rows:
         writer.writerow(
-            [f"{row[k]:.6g}" if isinstance(row[k], float) else row[k] for k in scalar]
-            + [f"{row['ops'][name]:.6g}" for name in OP_NAMES]
+            [_csv_cell(row[k]) for k in _CSV_SCALARS]
+            + [_csv_cell(row["ops"][name]) for name in OP_NAMES]
+            + [_csv_cell(row["knee"]), _csv_cell(knee)]
         )
 
 
@@ -239,27 +300,37 @@ def _write_table(result: dict[str, Any], decode: bool, out: TextIO) -> None:
         f"{result['context_len']}: {knee_text}",
         file=out,
     )
-    head = (
-        ["batch", "context", "tokens", "time ms", "tok/s", "FLOPs", "bytes", "FLOP/B", "bound"]
-        + [name for name in OP_NAMES]
-        + [""]
-    )
+    head = [
+        "batch",
+        "context",
+        "tokens",
+        "time ms",
+        "tok/s",
+        "FLOPs",
+        "bytes",
+        "weight bytes",
+        "KV bytes",
+        "FLOP/B",
+        "bound",
+        *OP_NAMES,
+        "",
+    ]
     cells = []
-    marked = False
     for row in rows:
-        tok_s = row["num_tokens"] / (row["time_ms"] / 1e3) if row["time_ms"] > 0 else 0.0
         mark = ""
-        if decode and not marked and row["bound"] == "compute":
-            mark, marked = "<- knee (first compute-bound row)", True
+        if row["knee"]:
+            mark = "<- knee" if row["batch_size"] == knee else f"<- knee at B = {knee}"
         cells.append(
             [
                 str(row["batch_size"]),
                 str(row["context_len"]),
                 str(row["num_tokens"]),
                 f"{row['time_ms']:.3f}",
-                f"{tok_s:,.0f}",
+                f"{row['tokens_per_s']:,.0f}",
                 _si(row["flops"], "FLOP"),
                 _si(row["bytes"], "B"),
+                _si(row["weight_bytes"], "B"),
+                _si(row["kv_bytes"], "B"),
                 f"{row['intensity']:.1f}",
                 row["bound"],
             ]

@@ -2,18 +2,21 @@
 engine -> tables and summary, and write the output directory.
 
 The output files and their names are a contract (``summary.json``, ``requests.csv``,
-``iterations.csv``, ``config.yaml``); a run writes them into a temporary directory next to the
-target and moves them in place only when everything succeeded, so bad input never leaves a
-half-written directory.
+``iterations.csv``, ``config.yaml``); a run writes them into a hidden temporary directory and
+moves them in place only when everything succeeded, so bad input, a full disk or an interrupt
+never leaves a half-written directory, and it replaces only files of a previous batchsim run
+(:func:`check_output_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
+import os
+import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.catalog.hardware import HardwareProfile, load_hardware
 from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
-from batchsim.config import ExperimentConfig, dump_config, load_experiment, unused_scheduler_keys
+from batchsim.config import (
+    ExperimentConfig,
+    dump_config,
+    keyword_overrides,
+    load_experiment,
+    unused_scheduler_keys,
+)
 from batchsim.cost import RooflineCostModel
 from batchsim.engine.engine import Engine, EngineOptions
 from batchsim.engine.kv_cache import KVCacheManager, kv_capacity_blocks
@@ -82,23 +91,134 @@ class Result:
         return pd.DataFrame(self.iteration_columns, columns=ITERATION_COLUMNS)
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write the output files into ``out_dir`` (created if needed); return it."""
+        """Write the output files into ``out_dir`` (created if needed); return it.
+
+        The files are written into a hidden temporary directory first and moved in place
+        only when all of them were written, so a failure leaves ``out_dir`` as it was.
+
+        Raises:
+            ConfigError: ``out_dir`` may not be written (see :func:`check_output_dir`) or the
+                OS refused (no space, no permission); the message ends with the OS reason.
+        """
         target = Path(out_dir)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        check_output_dir(target)
         try:
-            (tmp / "summary.json").write_text(
+            self._write(target)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {target}: {_os_reason(exc)}") from exc
+        return target
+
+    def _write(self, target: Path) -> None:
+        created = _make_dirs(target.parent)
+        into_existing = target.is_dir()
+        staging = _make_staging_dir(target if into_existing else target.parent)
+        try:
+            (staging / "summary.json").write_text(
                 json.dumps(_jsonable(self.summary), indent=2) + "\n", encoding="utf-8"
             )
-            write_csv([self.request_columns], REQUEST_COLUMNS, tmp / "requests.csv")
-            write_csv(self.iteration_log.windows(), ITERATION_COLUMNS, tmp / "iterations.csv")
-            (tmp / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
-            target.mkdir(exist_ok=True)
-            for name in OUTPUT_FILES:
-                (tmp / name).replace(target / name)
+            write_csv([self.request_columns], REQUEST_COLUMNS, staging / "requests.csv")
+            write_csv(self.iteration_log.windows(), ITERATION_COLUMNS, staging / "iterations.csv")
+            (staging / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
+            if into_existing:
+                for name in OUTPUT_FILES:
+                    os.replace(staging / name, target / name)
+            else:
+                os.rename(staging, target)
+            created = []
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            for directory in reversed(created):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+
+
+def _os_reason(exc: OSError) -> str:
+    if exc.errno is not None and exc.strerror:
+        return f"[Errno {exc.errno}] {exc.strerror}"
+    return str(exc)
+
+
+def _make_dirs(directory: Path) -> list[Path]:
+    """Create ``directory`` and missing parents; return the ones created, outermost first."""
+    missing = []
+    while not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    missing.reverse()
+    created = []
+    try:
+        for path in missing:
+            os.mkdir(path)
+            created.append(path)
+    except BaseException:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
+    return created
+
+
+def _make_staging_dir(parent: Path) -> Path:
+    """A new hidden directory in ``parent`` (permissions as for any new directory)."""
+    while True:
+        path = parent / f".batchsim-tmp-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+
+
+def is_batchsim_run(directory: Path) -> bool:
+    """True if ``directory`` holds a ``summary.json`` that batchsim wrote."""
+    path = directory / "summary.json"
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_SUMMARY_BYTES:
+            return False
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    config = summary.get("config") if isinstance(summary, dict) else None
+    return (
+        isinstance(config, dict)
+        and {"hardware", "model", "scheduler", "workload"} <= config.keys()
+        and {"num_iterations", "completed", "wall_time_s"} <= summary.keys()
+    )
+
+
+_MAX_SUMMARY_BYTES = 1 << 24
+
+
+def check_output_dir(out_dir: str | Path) -> Path:
+    """Check that batchsim may write its output files into ``out_dir``.
+
+    Allowed: a directory that does not exist yet (its parents are created), or an existing
+    one that holds none of the output files or holds a previous batchsim run (recognised by
+    the ``summary.json`` batchsim wrote); the output files of that run are replaced, other
+    files are left alone. Anything else — a file, a path under a file, a directory holding a
+    ``config.yaml`` (or another output name) that batchsim did not write — is refused.
+
+    Raises:
+        ConfigError: Naming the directory and why; nothing has been written.
+    """
+    target = Path(out_dir)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"cannot write {target}: it exists and is not a directory")
+    if not target.exists():
+        ancestor = target.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if ancestor.exists() and not ancestor.is_dir():
+            raise ConfigError(f"cannot write {target}: {ancestor} is not a directory")
         return target
+    clashing = [name for name in OUTPUT_FILES if os.path.lexists(target / name)]
+    if clashing and not is_batchsim_run(target):
+        raise ConfigError(
+            f"cannot write {target}: it holds {', '.join(clashing)} that batchsim did not "
+            "write (no batchsim summary.json there); batchsim writes into a new or empty "
+            "directory, or replaces a previous run: choose one with -o DIR"
+        )
+    return target
 
 
 def activation_reserve_bytes(model: ModelSpec, config: ExperimentConfig, tp: int) -> float:
@@ -245,7 +365,8 @@ def run(
         out_dir: If given, write the output files there.
         **overrides: Dotted keys or top-level blocks, e.g.
             ``run("exp.yaml", **{"scheduler.max_num_seqs": 8})`` or
-            ``run("exp.yaml", scheduler={"max_num_seqs": 8})``.
+            ``run("exp.yaml", scheduler={"max_num_seqs": 8})``. A dotted key replaces its
+            value (a mapping included); a mapping for a top-level block merges into it.
 
     Raises:
         ConfigError: Bad input (nothing is written).
@@ -255,7 +376,7 @@ def run(
             raise ConfigError("overrides need a path or a mapping, not an ExperimentConfig")
         config, base = experiment, None
     else:
-        config = load_experiment(experiment, overrides)
+        config = load_experiment(experiment, keyword_overrides(overrides), origin="override")
         base = Path(experiment).parent if isinstance(experiment, (str, Path)) else None
     result = simulate(config, base)
     if out_dir is not None:

@@ -246,7 +246,9 @@ def _as_model(tp: Any) -> type[BaseModel] | None:
     if typing.get_origin(tp) is typing.Annotated:
         tp = typing.get_args(tp)[0]
         tp = _strip_optional(tp)
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
+    # A real class only: on Python 3.10 a generic alias such as tuple[int, ...] passes
+    # isinstance(alias, type), and issubclass(alias, BaseModel) then raises TypeError.
+    if issubclass(type(tp), type) and issubclass(tp, BaseModel):
         return tp
     return None
 

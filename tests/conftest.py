@@ -151,12 +151,21 @@ def _numeric(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def assert_summaries_match(a: dict[str, Any], b: dict[str, Any], rel: float = 1e-9) -> None:
+    """Equal to ``rel``. A standard deviation is compared at the scale of its mean: values
+    equal up to float rounding have a std of 0 on one path and ~1e-15 x mean on another."""
     sa, sb = _numeric(a), _numeric(b)
     assert sa.keys() == sb.keys()
     for key in sa:
         x, y = sa[key], sb[key]
-        same = math.isclose(x, y, rel_tol=rel, abs_tol=1e-12)  # abs: a std of equal gaps is ~0
-        assert (math.isnan(x) and math.isnan(y)) or same, (key, x, y)
+        scale = 0.0
+        if key.startswith("std_"):
+            mean = key.replace("std_", "mean_", 1)
+            scale = max(abs(sa.get(mean, 0.0)), abs(sb.get(mean, 0.0)))
+        if math.isnan(x) or math.isnan(y):
+            assert math.isnan(x) and math.isnan(y), (key, x, y)
+            continue
+        same = math.isclose(x, y, rel_tol=rel, abs_tol=rel * scale if scale == scale else 0.0)
+        assert same, (key, x, y)
 
 
 def assert_same_run(fast: Result, slow: Result) -> None:

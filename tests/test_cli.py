@@ -7,8 +7,14 @@ traceback, nothing written), 1 internal error.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -349,7 +355,7 @@ def test_missing_experiment_file_exits_2(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("argv", [["run"], ["list", "gpus"], ["frobnicate"], []])
+@pytest.mark.parametrize("argv", [["run"], ["list", "gpus"], ["frobnicate"]])
 def test_command_line_usage_errors_exit_2_with_one_line(argv, capsys):
     assert_bad_input(cli.main(argv), capsys, ["batchsim"])
 
@@ -379,3 +385,489 @@ def test_summary_json_is_strict_json_with_null_for_undefined_values(tmp_path, ex
     summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert summary["mean_tpot_ms"] is None
     assert all(not (isinstance(v, float) and math.isnan(v)) for v in summary.values())
+
+
+# ----------------------------------------------------------------------------- experiment name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../../escaped", "ABSOLUTE", "sub/dir", ".hidden", "a b", "x" * 101, ""],
+    ids=["parent", "absolute", "slash", "dot-first", "space", "101-chars", "empty"],
+)
+def test_unsafe_experiment_name_exits_2_and_writes_nothing(name, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    name = str(tmp_path / "absolute-name") if name == "ABSOLUTE" else name
+    write(work / "exp.yaml", EXPERIMENT.replace("name: cli-test", f"name: {json.dumps(name)}"))
+    line = assert_bad_input(cli.main(["run", "exp.yaml"]), capsys, ["exp.yaml:1:", "name"])
+    for rule in ("letters", "digits", "100"):
+        assert rule in line
+    assert {p.name for p in tmp_path.rglob("*")} == {"a", "b", "exp.yaml"}
+
+
+@pytest.mark.parametrize("name", ["run_1.b-2", "Q" * 100, "7"])
+def test_safe_experiment_names_are_accepted(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "exp.yaml", EXPERIMENT.replace("name: cli-test", f"name: '{name}'"))
+    assert cli.main(["run", "exp.yaml", "--set", "workload.num_requests=3"]) == 0
+    assert (tmp_path / "runs" / name / "summary.json").is_file()
+
+
+# ----------------------------------------------------------------------------- --set
+
+
+def read_requests(directory: Path) -> list[dict[str, str]]:
+    with open(directory / "requests.csv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_set_mapping_replaces_the_whole_block(tmp_path, exp, capsys):
+    out = tmp_path / "out"
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload.arrival={process: all_at_once}"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert {float(r["arrival_time_s"]) for r in read_requests(out)} == {0.0}
+    config = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    assert config["workload"]["arrival"] == {"process": "all_at_once"}
+
+
+def test_set_top_level_block_mapping_replaces_the_block(tmp_path, exp):
+    # The file sets max_num_seqs: 8; the replaced block falls back to the documented 256.
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out), "--set", "scheduler={policy: static}"]) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    assert config["scheduler"]["policy"] == "static"
+    assert config["scheduler"]["max_num_seqs"] == 256
+
+
+def test_python_block_keyword_merges_into_the_block(exp):
+    import batchsim
+
+    result = batchsim.run(exp, workload={"num_requests": 12})
+    assert result.summary["completed"] == 12
+    assert result.config.workload.arrival is not None
+    assert result.config.workload.arrival.model_dump()["rate"] == 10.0  # kept from the file
+    result = batchsim.run(exp, **{"workload.arrival": {"process": "all_at_once"}})
+    assert set(result.requests["arrival_time_s"]) == {0.0}  # a dotted key replaces
+
+
+def test_set_named_workload_then_a_key_inside_it(tmp_path, exp, capsys):
+    out = tmp_path / "out"
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload=sharegpt-like"]
+    assert cli.main([*argv, "--set", "workload.num_requests=20"]) == 0, capsys.readouterr().err
+    summary = read_summary(out)
+    assert summary["completed"] + summary["num_rejected"] == 20
+    assert summary["config"]["workload"]["prompt_tokens"]["mean"] == 2460  # workloads/ file
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        (
+            "workload.prompt_tokens.dist=fixed",
+            ["--set workload.prompt_tokens.dist=fixed:", "workload.prompt_tokens.value"],
+        ),
+        (
+            "workload.arrival.process=gamma",
+            ["--set workload.arrival.process=gamma:", "workload.arrival"],
+        ),
+        ("workload=no-such-workload", ["--set workload=no-such-workload:", "no-such-workload"]),
+        ("hardware=no-such-gpu", ["--set hardware=no-such-gpu:", "a100-80gb"]),
+        ("model=no-such-model", ["--set model=no-such-model:", "llama-2-7b"]),
+        ("workload.trace.path=missing.csv", ["--set workload.trace.path=missing.csv:"]),
+        ("scheduler.max_num_seqs=0", ["--set scheduler.max_num_seqs=0:", "must be >= 1"]),
+        ("scheduler.policy.x=1", ["--set scheduler.policy.x=1:", "not a mapping"]),
+    ],
+)
+def test_errors_caused_by_a_set_value_name_the_set_item_not_the_file(
+    setting, expected, tmp_path, exp, capsys
+):
+    code = cli.main(["run", str(exp), "-o", str(tmp_path / "out"), "--set", setting])
+    line = assert_bad_input(code, capsys, expected)
+    assert "exp.yaml" not in line
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
+
+
+def test_validate_names_the_set_item_of_an_unknown_hardware(exp, capsys):
+    code = cli.main(["validate", str(exp), "--set", "hardware=no-such-gpu"])
+    assert_bad_input(code, capsys, ["--set hardware=no-such-gpu: hardware: unknown name"])
+
+
+def test_error_in_the_file_still_names_the_file_line_with_unrelated_set(tmp_path, capsys):
+    exp = write(tmp_path / "exp.yaml", EXPERIMENT.replace("max_num_seqs: 8", "max_num_seqs: 0"))
+    argv = ["run", str(exp), "-o", str(tmp_path / "out"), "--set", "workload.num_requests=5"]
+    line = assert_bad_input(cli.main(argv), capsys, [f"exp.yaml:{LINE['max_num_seqs']}:"])
+    assert "--set" not in line
+
+
+def test_set_file_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    exp = write(tmp_path / "elsewhere" / "exp.yaml", EXPERIMENT)
+    monkeypatch.chdir(tmp_path)
+    rows = [f"{0.1 * i!r},{40 + i},{2 + i % 3}" for i in range(7)]
+    write(tmp_path / "mine.csv", "arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows))
+    argv = ["run", str(exp), "-o", "out", "--set", "workload={trace: {path: mine.csv}}"]
+    assert cli.main(argv) == 0
+    assert read_summary(tmp_path / "out")["completed"] == 7
+    config = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text(encoding="utf-8"))
+    assert config["workload"]["trace"]["path"] == str(tmp_path / "mine.csv")
+
+
+# ----------------------------------------------------------------------------- policies from cwd
+
+
+def test_policy_module_in_the_working_directory_loads_without_pythonpath(
+    tmp_path, monkeypatch, capsys
+):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    policy_code = readme.split("## Writing a policy", 1)[1].split("```python\n", 1)[1]
+    policy_code = policy_code.split("```", 1)[0]
+    write(tmp_path / "cwd_policies_for_cli.py", policy_code)
+    monkeypatch.chdir(tmp_path)
+    path = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+    monkeypatch.setattr(sys, "path", path)
+    policy = "policy: cwd_policies_for_cli:ShortestPromptFirst"
+    write(tmp_path / "exp.yaml", EXPERIMENT.replace("policy: continuous", policy))
+    try:
+        assert cli.main(["run", "exp.yaml", "-o", "out"]) == 0, capsys.readouterr().err
+        assert cli.main(["validate", "exp.yaml"]) == 0
+    finally:
+        sys.modules.pop("cwd_policies_for_cli", None)
+    assert read_summary(tmp_path / "out")["completed"] == 30
+    assert sys.path == path  # the search path is left as it was
+
+
+# ----------------------------------------------------------------------------- resolved config
+
+
+def _readme_experiment() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Experiment YAML", 1)[1].split("```yaml\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def _dotted_keys(data: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in data.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _dotted_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def test_resolved_config_holds_every_key_of_the_readme_example_and_reruns_quietly(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    readme_yaml = _readme_experiment()
+    write(tmp_path / "exp.yaml", readme_yaml)
+    small = ["--set", "workload.num_requests=20"]
+    assert cli.main(["run", "exp.yaml", "-o", "first", *small]) == 0
+    assert "note:" not in capsys.readouterr().err  # every scheduler key left at its default
+    resolved = yaml.safe_load((tmp_path / "first" / "config.yaml").read_text(encoding="utf-8"))
+    documented = _dotted_keys(yaml.safe_load(readme_yaml))
+    assert documented <= _dotted_keys(resolved)
+    assert resolved["engine"]["max_model_len"] is None
+    assert cli.main(["run", "first/config.yaml", "-o", "second"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    first, second = read_summary(tmp_path / "first"), read_summary(tmp_path / "second")
+    assert without_wall_time(first) == without_wall_time(second)
+
+
+def test_note_names_only_unused_scheduler_keys_changed_from_the_default(tmp_path, exp, capsys):
+    argv = ["run", str(exp), "-o", str(tmp_path / "out"), "--set", "scheduler.max_wait_ms=10"]
+    assert cli.main([*argv, "--set", "scheduler.padding=true"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: scheduler.max_wait_ms is not used by policy continuous"]
+    assert cli.main(["run", str(tmp_path / "out" / "config.yaml"), "-o", str(tmp_path / "2")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: scheduler.max_wait_ms is not used by policy continuous"]
+
+
+def _field_paths(model: Any, prefix: str = "") -> set[str]:
+    from pydantic import BaseModel
+
+    paths = set()
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        paths.add(prefix + name)
+        if isinstance(value, BaseModel):
+            paths |= _field_paths(value, f"{prefix}{name}.")
+    return paths
+
+
+CLOSED_LOOP = """\
+name: closed-loop
+hardware: a100-80gb
+model: llama-2-7b
+workload:
+  num_requests: 20
+  concurrency: 4
+  think_time_ms: {dist: exponential, mean: 100}
+  cancel_after_ms: {dist: exponential, mean: 5000}
+  prompt_tokens: {dist: fixed, value: 64}
+  output_tokens: {dist: fixed, value: 8}
+"""
+
+
+@pytest.mark.parametrize("experiment", [*catalog_names("experiments"), "closed-loop"])
+def test_resolved_config_spells_out_every_field_and_loads_back_equal(experiment, tmp_path):
+    from batchsim.config import dump_config, load_experiment
+
+    source = write(tmp_path / "closed.yaml", CLOSED_LOOP) if experiment == "closed-loop" else None
+    config = load_experiment(source or experiment)
+    dumped = write(tmp_path / "config.yaml", dump_config(config))
+    assert _field_paths(config) <= _dotted_keys(yaml.safe_load(dumped.read_text("utf-8")))
+    assert load_experiment(dumped) == config
+
+
+# ----------------------------------------------------------------------------- output directory
+
+
+def hidden_leftovers(*directories: Path) -> list[str]:
+    return [p.name for d in directories if d.is_dir() for p in d.iterdir() if p.name[0] == "."]
+
+
+def test_output_path_that_is_a_file_exits_2_and_leaves_it_alone(tmp_path, exp, capsys):
+    target = write(tmp_path / "taken", "mine\n")
+    code = cli.main(["run", str(exp), "-o", str(target)])
+    assert_bad_input(code, capsys, [f"cannot write {target}", "not a directory"])
+    assert target.read_text(encoding="utf-8") == "mine\n"
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "taken"}
+
+
+def test_output_path_under_a_file_exits_2(tmp_path, exp, capsys):
+    write(tmp_path / "taken", "mine\n")
+    target = tmp_path / "taken" / "sub" / "out"
+    code = cli.main(["run", str(exp), "-o", str(target)])
+    assert_bad_input(code, capsys, [f"cannot write {target}", "not a directory"])
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "taken"}
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="no /dev/null on this system")
+def test_output_path_dev_null_exits_2_and_writes_nothing_next_to_it(exp, capsys):
+    before = set(hidden_leftovers(Path("/dev")))
+    assert_bad_input(cli.main(["run", str(exp), "-o", "/dev/null"]), capsys, ["/dev/null"])
+    assert set(hidden_leftovers(Path("/dev"))) == before
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0,
+    reason="root ignores permission bits; the EACCES and /sys tests cover this path",
+)
+def test_read_only_directory_exits_2_with_the_os_reason(tmp_path, exp, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        code = cli.main(["run", str(exp), "-o", str(locked / "out")])
+        assert_bad_input(code, capsys, [f"cannot write {locked / 'out'}", "Permission denied"])
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_permission_denied_by_the_os_exits_2_with_the_reason(tmp_path, exp, monkeypatch, capsys):
+    real_mkdir = os.mkdir
+
+    def denied(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).parent == tmp_path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", denied)
+    code = cli.main(["run", str(exp), "-o", str(tmp_path / "out")])
+    line = assert_bad_input(code, capsys, [f"cannot write {tmp_path / 'out'}:"])
+    assert line.endswith("[Errno 13] Permission denied")
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml"}
+
+
+@pytest.mark.skipif(not os.path.ismount("/sys"), reason="needs Linux sysfs at /sys")
+def test_directory_even_root_cannot_create_exits_2(exp, capsys):
+    # sysfs refuses new directories to everyone, root included.
+    target = Path("/sys/batchsim-test-output")
+    assert_bad_input(cli.main(["run", str(exp), "-o", str(target)]), capsys, [f"{target}: [Errno"])
+    assert not target.exists()
+
+
+def test_disk_full_while_writing_exits_2_and_keeps_the_previous_run(
+    tmp_path, exp, monkeypatch, capsys
+):
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out)]) == 0
+    previous = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+
+    def disk_full(tables: Any, names: list[str], path: Path) -> None:
+        path.write_text("request_id,arr", encoding="utf-8")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("batchsim.simulation.write_csv", disk_full)
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload.num_requests=5"]
+    line = assert_bad_input(cli.main(argv), capsys, [])
+    assert line == f"batchsim: error: cannot write {out}: [Errno 28] No space left on device"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == previous
+    assert hidden_leftovers(tmp_path, out) == []
+    new = tmp_path / "new" / "deeper"
+    assert_bad_input(cli.main([*argv[:3], str(new)]), capsys, ["No space left on device"])
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "out"}
+
+
+USER_FILES = {"config.yaml": "my own notes\n", "summary.json": '{"completed": 3}\n'}
+
+
+@pytest.mark.parametrize("name", list(USER_FILES))
+def test_directory_with_a_users_file_of_an_output_name_is_refused(
+    name, tmp_path, exp, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / name, USER_FILES[name])
+
+    def must_not_run(*args: Any, **kwargs: Any):
+        raise AssertionError("simulated before checking the output directory")
+
+    monkeypatch.setattr("batchsim.simulation.simulate", must_not_run)
+    line = assert_bad_input(cli.main(["run", "exp.yaml", "-o", "."]), capsys, [name, "-o DIR"])
+    assert "cannot write ." in line
+    assert (tmp_path / name).read_text(encoding="utf-8") == USER_FILES[name]
+    assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", name}
+
+
+def test_output_into_a_previous_run_an_empty_or_an_unrelated_directory(tmp_path, exp):
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out)]) == 0
+    argv = ["run", str(exp), "-o", str(out), "--set", "workload.num_requests=7"]
+    assert cli.main(argv) == 0  # a previous run is replaced
+    assert read_summary(out)["completed"] == 7
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["run", str(exp), "-o", str(empty)]) == 0
+    assert {p.name for p in empty.iterdir()} == OUTPUT_FILES
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    write(notes / "README.txt", "mine\n")
+    assert cli.main(["run", str(exp), "-o", str(notes)]) == 0
+    assert {p.name for p in notes.iterdir()} == OUTPUT_FILES | {"README.txt"}
+    assert hidden_leftovers(tmp_path, out, empty, notes) == []
+
+
+# ----------------------------------------------------------------------------- signals
+
+WRITE_SLOWLY = r"""
+import signal, sys, time
+from pathlib import Path
+
+import batchsim.simulation as simulation
+from batchsim import cli
+
+real_write_csv = simulation.write_csv
+
+
+def write_then_wait(tables, names, path):
+    real_write_csv(tables, names, path)
+    Path(sys.argv[1]).write_text("writing", encoding="utf-8")
+    time.sleep(60)
+
+
+simulation.write_csv = write_then_wait
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job may ignore SIGINT
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 128 + 15), (signal.SIGINT, 128 + 2)], ids=["TERM", "INT"]
+)
+def test_signal_while_writing_exits_128_plus_signal_and_removes_the_temporary_folder(
+    signum, code, tmp_path, exp
+):
+    marker = tmp_path / "writing"
+    out = tmp_path / "out"
+    argv = [sys.executable, "-c", WRITE_SLOWLY, str(marker), "run", str(exp), "-o", str(out)]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the child never started writing"
+            time.sleep(0.02)
+        assert hidden_leftovers(tmp_path)  # the temporary folder is there while writing
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, err
+    assert b"Traceback" not in err
+    assert hidden_leftovers(tmp_path) == []
+    assert not out.exists()
+
+
+def test_main_restores_the_callers_sigterm_handler(capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["list", "policies"]) == 0
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ----------------------------------------------------------------------------- usage and help
+
+COMMANDS = ("run", "validate", "roofline", "list")
+
+
+def test_bare_batchsim_prints_usage_and_one_error_line(capsys):
+    assert cli.main([]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    lines = printed.err.strip().splitlines()
+    assert lines[0].startswith("usage: batchsim")
+    errors = [line for line in lines if "error" in line]
+    assert len(errors) == 1 and lines[-1] == errors[0]
+    assert errors[0].startswith("batchsim: error: ")
+    assert errors[0].count("batchsim:") == 1
+    for command in COMMANDS:
+        assert command in errors[0]
+
+
+@pytest.mark.parametrize("argv", [["run"], ["list", "gpus"], ["frobnicate"], ["run", "--nope"]])
+def test_usage_error_line_has_a_single_prefix(argv, capsys):
+    line = assert_bad_input(cli.main(argv), capsys, ["batchsim: error: "])
+    assert "error: batchsim" not in line
+
+
+def _subparsers() -> dict[str, Any]:
+    import argparse
+
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_is_plain_text_and_exits_0(command, capsys):
+    argv = ["--help"] if command is None else [command, "--help"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: batchsim")
+    for markup in ("``", ":class:", ":func:", ":meth:", ":data:", ":mod:"):
+        assert markup not in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_argument_of_every_command_has_help(command):
+    parser = _subparsers()[command]
+    assert parser.description
+    for action in parser._actions:
+        assert action.help, f"batchsim {command} {action.dest}: no help text"
+
+
+def test_python_dash_m_batchsim_is_the_batchsim_command(tmp_path, capsys):
+    assert cli.main(["list", "policies"]) == 0
+    expected = capsys.readouterr().out
+    run = [sys.executable, "-m", "batchsim"]
+    proc = subprocess.run([*run, "list", "policies"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == expected
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: batchsim")

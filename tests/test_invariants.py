@@ -75,15 +75,15 @@ def experiments(draw: st.DrawFn) -> dict[str, Any]:
             st.sampled_from([{"dist": "fixed", "value": 0}, {"dist": "exponential", "mean": 100.0}])
         )
     else:
-        workload["arrival"] = draw(
-            st.sampled_from(["poisson", "constant", "all_at_once", "gamma"]).map(
-                lambda p: {"process": p}
-            )
-        )
-        if workload["arrival"]["process"] != "all_at_once":
-            workload["arrival"]["rate"] = draw(st.floats(0.5, 500))
-        if workload["arrival"]["process"] == "gamma":
-            workload["arrival"]["cv"] = draw(st.floats(0.2, 4))
+        # Build every block from drawn scalars (never mutate a drawn object), so that the
+        # falsifying example hypothesis prints is the experiment that ran.
+        process = draw(st.sampled_from(["poisson", "constant", "all_at_once", "gamma"]))
+        arrival: dict[str, Any] = {"process": process}
+        if process != "all_at_once":
+            arrival["rate"] = draw(st.floats(0.5, 500))
+        if process == "gamma":
+            arrival["cv"] = draw(st.floats(0.2, 4))
+        workload["arrival"] = arrival
     if draw(st.booleans()):
         hi = draw(st.floats(1, 3000))
         workload["cancel_after_ms"] = {"dist": "uniform", "min": draw(st.floats(0, hi)), "max": hi}

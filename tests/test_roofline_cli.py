@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -121,3 +122,108 @@ def test_unknown_model_exits_2_naming_the_option(capsys):
     assert main(["roofline", "--model", "llama-9", "--hardware", "a100-80gb", "--batch", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--model" in err[0]
+
+
+# ----------------------------------------------------------------------------- columns
+
+# Each column of the table and its name in --format csv (and in each json row).
+TABLE_COLUMNS = {
+    "batch": "batch_size",
+    "context": "context_len",
+    "tokens": "num_tokens",
+    "time ms": "time_ms",
+    "tok/s": "tokens_per_s",
+    "FLOPs": "flops",
+    "bytes": "bytes",
+    "weight bytes": "weight_bytes",
+    "KV bytes": "kv_bytes",
+    "FLOP/B": "intensity",
+    "bound": "bound",
+    **{name: f"{name}_ms" for name in OP_NAMES},
+}
+
+
+def table_header(text: str) -> list[str]:
+    lines = text.splitlines()
+    header = lines[lines.index("op columns: time in ms per operator group") + 1]
+    return re.split(r"\s{2,}", header.strip())
+
+
+def test_weight_bytes_stay_flat_while_kv_bytes_grow_with_batch_and_context(capsys):
+    model = load_model("llama-2-7b")
+    kv_per_token = model.kv_bytes_per_token("bf16")
+    short = run_json(capsys, "--batch", "1,8,64", "--context", "512")["rows"]
+    long = run_json(capsys, "--batch", "1,8,64", "--context", "1024")["rows"]
+    assert len({r["weight_bytes"] for r in short + long}) == 1
+    assert short[0]["weight_bytes"] == pytest.approx(model.num_params * 2.0, rel=0.02)
+    for s, g in zip(short, long):
+        assert g["kv_bytes"] - s["kv_bytes"] == pytest.approx(s["batch_size"] * 512 * kv_per_token)
+        assert s["kv_bytes"] == pytest.approx(short[0]["kv_bytes"] * s["batch_size"])
+
+
+def test_csv_and_json_carry_every_column_of_the_table(capsys):
+    args = ["--batch", "1,64,256", "--context", "128"]
+    assert main([*BASE, *args]) == 0
+    text = capsys.readouterr().out
+    assert table_header(text) == list(TABLE_COLUMNS)
+    assert main([*BASE, *args, "--format", "csv"]) == 0
+    csv_rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    json_rows = run_json(capsys, *args)["rows"]
+    assert len(csv_rows) == len(json_rows) == 3
+    for c, j in zip(csv_rows, json_rows):
+        assert set(TABLE_COLUMNS.values()) <= set(c)
+        flat = {**j, **{f"{name}_ms": t for name, t in j["ops"].items()}}
+        for column in TABLE_COLUMNS.values():
+            expected = flat[column]
+            if isinstance(expected, str):
+                assert c[column] == expected
+            else:
+                assert float(c[column]) == pytest.approx(expected, rel=1e-5)
+        assert j["tokens_per_s"] == pytest.approx(j["num_tokens"] / (j["time_ms"] / 1e3))
+
+
+# ----------------------------------------------------------------------------- the knee
+
+
+def knee_marks(text: str) -> dict[int, str]:
+    marks = {}
+    for line in text.splitlines():
+        if "<- knee" in line:
+            marks[int(line.split()[0])] = line[line.index("<- knee") :]
+    return marks
+
+
+def test_table_marker_points_at_the_headers_knee_when_it_lies_between_rows(capsys):
+    # README's example: the knee (129) is not one of the batch sizes asked for.
+    args = ["--model", "llama-3-8b", "--hardware", "a100-80gb", "--context", "128"]
+    args += ["--batch", "1,16,64,128,256,512,1024"]
+    knee = run_json_args(capsys, args)["knee_batch_size"]
+    assert 128 < knee < 256
+    assert main(["roofline", *args]) == 0
+    text = capsys.readouterr().out
+    assert f"compute-bound at B = {knee}" in text
+    marks = knee_marks(text)
+    assert list(marks) == [256] and str(knee) in marks[256]
+
+
+def test_table_marker_agrees_with_the_header_when_a_smaller_batch_is_compute_bound(capsys):
+    # Tile quantization makes B = 449 compute-bound for one batch size; the knee is later.
+    args = [*BASE[1:], "--context", "128", "--batch", "1,449,512,1024"]
+    out = run_json_args(capsys, args)
+    knee = out["knee_batch_size"]
+    rows = {r["batch_size"]: r for r in out["rows"]}
+    assert rows[449]["bound"] == "compute" and knee > 512
+    assert main(["roofline", *args]) == 0
+    text = capsys.readouterr().out
+    assert f"compute-bound at B = {knee}" in text
+    assert list(knee_marks(text)) == [1024]
+    assert [r["knee"] for r in out["rows"]] == [False, False, False, True]
+    assert main(["roofline", *args, "--format", "csv"]) == 0
+    csv_rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["knee"] for r in csv_rows] == ["false", "false", "false", "true"]
+    assert {r["knee_batch_size"] for r in csv_rows} == {str(knee)}
+
+
+def run_json_args(capsys, args: list[str]) -> dict:
+    assert main(["roofline", *args, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from types import ModuleType
 
 from batchsim.errors import ConfigError
 from batchsim.scheduler.chunked_prefill import ChunkedPrefillScheduler
@@ -17,6 +20,23 @@ POLICIES: dict[str, type[Scheduler]] = {
 }
 
 
+def _import_from_cwd_too(module_name: str) -> ModuleType:
+    """Import a module as ``python -m`` would: the working directory is searched first.
+
+    (The ``batchsim`` console script's search path starts at its own bin/ directory.) The
+    working directory is on ``sys.path`` only during the import.
+    """
+    cwd = os.getcwd()
+    if "" in sys.path or cwd in sys.path:
+        return importlib.import_module(module_name)
+    sys.path.insert(0, cwd)
+    try:
+        importlib.invalidate_caches()
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(cwd)
+
+
 def load_policy(name: str, key: str = "scheduler.policy") -> type[Scheduler]:
     """Return the scheduler class for a built-in name or ``package.module:Class``."""
     if name in POLICIES:
@@ -28,7 +48,7 @@ def load_policy(name: str, key: str = "scheduler.policy") -> type[Scheduler]:
         )
     module_name, _, class_name = name.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_from_cwd_too(module_name)
     except ImportError as exc:
         raise ConfigError(f"{key}: cannot import module {module_name!r}: {exc}") from None
     cls = getattr(module, class_name, None)

@@ -1,0 +1,104 @@
+"""What a user installing batchsim gets: supported Pythons, license, version, type hints."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import batchsim
+from batchsim import cli
+from batchsim.validation import _as_model
+
+
+class _GenericAliasOn310:
+    """Behaves like ``tuple[int, ...]`` on Python 3.10, where ``isinstance(alias, type)`` is
+    True because the alias forwards ``__class__`` to its origin, yet ``issubclass(alias, X)``
+    raises TypeError."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type
+
+
+@pytest.mark.parametrize(
+    "annotation", [tuple[int, ...], list[str], dict[str, int], _GenericAliasOn310()]
+)
+def test_error_location_walk_treats_generic_aliases_as_non_models(annotation):
+    assert isinstance(_GenericAliasOn310(), type)  # the 3.10 behaviour being imitated
+    assert _as_model(annotation) is None
+
+
+# ----------------------------------------------------------------------------- distribution
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_license_is_the_apache_2_text_with_the_batchsim_authors_copyright():
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert re.search(r"Copyright \d{4} batchsim authors", text)
+    assert _pyproject()["project"]["license"] == "Apache-2.0"
+
+
+def test_the_version_has_one_source(capsys):
+    project = _pyproject()
+    assert "version" not in project["project"]
+    assert project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["hatch"]["version"]["path"] == "batchsim/__init__.py"
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"batchsim {batchsim.__version__}"
+    assert importlib.metadata.version("batchsim") == batchsim.__version__
+
+
+def test_project_urls_name_no_placeholder():
+    urls = _pyproject()["project"]["urls"]
+    assert urls
+    for url in urls.values():
+        assert url.startswith("https://") and "example" not in url and "<" not in url
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("hatchling") is None,
+    reason="hatchling is not installed (pip install '.[test]' provides it)",
+)
+def test_sdist_carries_ci_docs_and_license_and_the_wheel_py_typed(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-d", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    version = batchsim.__version__
+    with tarfile.open(tmp_path / f"batchsim-{version}.tar.gz") as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    assert {".ci/run", "docs/calibration.md", "LICENSE", "README.md", "pyproject.toml"} <= names
+    assert {"tests/test_cli.py", "batchsim/py.typed", "experiments/quickstart.yaml"} <= names
+    with zipfile.ZipFile(tmp_path / f"batchsim-{version}-py3-none-any.whl") as wheel:
+        members = set(wheel.namelist())
+        metadata = wheel.read(f"batchsim-{version}.dist-info/METADATA").decode("utf-8")
+    assert {"batchsim/py.typed", "batchsim/__main__.py"} <= members
+    assert "batchsim/_data/experiments/quickstart.yaml" in members
+    assert f"batchsim-{version}.dist-info/licenses/LICENSE" in members
+    assert f"\nVersion: {version}\n" in metadata
+    assert "License-Expression: Apache-2.0" in metadata
+    assert "Project-URL: Source, " in metadata
