@@ -594,7 +594,8 @@ def trace_error(tmp_path: Path, path: str = "azure_conv_sample.csv") -> str:
 def test_malformed_trace_row_names_file_line_and_column(tmp_path: Path) -> None:
     corrupted_copy(tmp_path, 17, "2023-11-16 18:16:06.0000000,abc,12")
     assert trace_error(tmp_path) == (
-        "azure_conv_sample.csv:17: ContextTokens: expected a positive integer, got 'abc'"
+        "azure_conv_sample.csv:17: ContextTokens: expected a positive integer <= 16777216 "
+        "(tokens), got 'abc'"
     )
 
 
@@ -633,7 +634,7 @@ def test_malformed_mooncake_line_names_its_line(tmp_path: Path) -> None:
     lines[6] = "{not json"
     (tmp_path / "m.jsonl").write_text("\n".join(lines[:5]) + "\n")
     assert trace_error(tmp_path, "m.jsonl") == (
-        "m.jsonl:3: input_length: expected a positive integer, got -5"
+        "m.jsonl:3: input_length: expected a positive integer <= 16777216 (tokens), got -5"
     )
     (tmp_path / "m.jsonl").write_text("\n".join(lines[3:8]) + "\n")
     assert trace_error(tmp_path, "m.jsonl").startswith("m.jsonl:4: invalid JSON")
