@@ -20,6 +20,7 @@ from batchsim.catalog.hardware import (
     load_hardware,
 )
 from batchsim.errors import ConfigError
+from batchsim.yamlio import read_mapping
 
 HARDWARE_NAMES = catalog_names("hardware_profiles")
 REQUIRED_PROFILES = {
@@ -39,7 +40,7 @@ REQUIRED_PROFILES = {
 
 
 def _raw(name: str) -> dict[str, Any]:
-    return yaml.safe_load((catalog_dir("hardware_profiles") / f"{name}.yaml").read_text())
+    return read_mapping(catalog_dir("hardware_profiles") / f"{name}.yaml")[0]
 
 
 def _numeric_paths(node: Any, prefix: str = "") -> list[str]:

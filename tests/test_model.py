@@ -19,6 +19,8 @@ from batchsim.catalog.model import (
     resolve_kv_dtype,
 )
 from batchsim.errors import ConfigError
+from batchsim.validation import format_value
+from batchsim.yamlio import read_mapping
 
 MODEL_NAMES = catalog_names("models")
 REQUIRED_MODELS = {
@@ -40,7 +42,7 @@ REQUIRED_MODELS = {
 
 
 def _raw(name: str) -> dict[str, Any]:
-    return yaml.safe_load((catalog_dir("models") / f"{name}.yaml").read_text())
+    return read_mapping(catalog_dir("models") / f"{name}.yaml")[0]
 
 
 def _write_json(directory: Path, data: dict[str, Any]) -> Path:
@@ -365,7 +367,7 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
 def test_bad_value_names_file_and_key(tmp_path: Path, value: Any) -> None:
     path = _llama_yaml(tmp_path, hidden_size=value)
     message = _error(path)
-    assert str(path) in message and "hidden_size" in message and repr(value) in message
+    assert str(path) in message and "hidden_size" in message and format_value(value) in message
 
 
 def test_unknown_key_in_yaml_is_rejected(tmp_path: Path) -> None:
