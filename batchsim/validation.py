@@ -19,6 +19,7 @@ from batchsim but :mod:`batchsim.errors`.
 from __future__ import annotations
 
 import math
+import numbers
 import reprlib
 import types
 import typing
@@ -70,8 +71,16 @@ MAX_GB = 1e6
 """An amount of memory, GB or GiB (activation reserve, swap space, GPU memory)."""
 
 
+def _plain_number(value: Any) -> Any:
+    """Numbers of other types (numpy scalars, fractions) as int or float; the rest as is."""
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
 def _whole_number(value: Any) -> Any:
     """``1e6`` (a YAML float) -> ``1000000`` for integer keys; anything else is left as is."""
+    value = _plain_number(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -79,7 +88,7 @@ def _whole_number(value: Any) -> Any:
 
 StrictInt = Annotated[int, BeforeValidator(_whole_number), Strict()]
 """An integer: ints and whole floats (``1e6``); not booleans, strings or 1.5."""
-StrictFloat = Annotated[float, Strict(), AllowInfNan(False)]
+StrictFloat = Annotated[float, BeforeValidator(_plain_number), Strict(), AllowInfNan(False)]
 """A finite number: ints and floats; not booleans, strings, nan or inf."""
 StrictBool = Annotated[bool, Strict()]
 """``true`` or ``false``; not 1, 'yes' or 'true'."""

@@ -936,3 +936,11 @@ def test_empirical_file_values_are_token_counts(tmp_path: Path) -> None:
     (tmp_path / "m.txt").write_text("tokens\n12\n1e23\n")
     with pytest.raises(ConfigError, match=r"m.txt:3: value: expected a positive integer <= 1677"):
         draw({"dist": "empirical", "path": str(tmp_path / "m.txt")}, n=1)
+
+
+def test_numpy_numbers_from_the_python_api_are_numbers_but_not_booleans() -> None:
+    cfg = workload(num_requests=np.int64(5), arrival={"process": "poisson", "rate": np.float32(2)})
+    assert cfg.num_requests == 5 and cfg.arrival is not None and cfg.arrival.mean_rate() == 2.0
+    assert "must be an integer" in config_error(
+        {"num_requests": np.bool_(True), "arrival": "all_at_once", "prompt_tokens": 1}
+    )
