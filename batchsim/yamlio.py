@@ -101,6 +101,7 @@ _FLOAT_RE = re.compile(
     rf"^(?:[-+]?(?:\.{_DIGITS}|{_DIGITS}(?:\.(?:{_DIGITS})?)?)(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
+_MAX_INT_CHARS = 1000  # longer integer literals are refused (Python parses at most 4300 digits)
 _SCALAR_RULES = {_BOOL: _BOOL_RE, _NULL: _NULL_RE, _INT: _INT_RE, _FLOAT: _FLOAT_RE}
 _SCALAR_WORDS = {_BOOL: "true or false", _NULL: "null", _INT: "an integer", _FLOAT: "a number"}
 
@@ -306,6 +307,12 @@ def _check_scalar(node: ScalarNode, path: str) -> None:
             f"{path or 'value'}: {_short(node.value)} tagged {_tag(tag)} is not {word}",
             _line(node),
         )
+    if tag == _INT and len(node.value) > _MAX_INT_CHARS:
+        raise _Problem(
+            f"{path or 'value'}: an integer of {len(node.value)} characters is too long "
+            f"(at most {_MAX_INT_CHARS})",
+            _line(node),
+        )
     if tag == _FLOAT and not math.isfinite(number := _to_float(node.value)):
         raise _Problem(f"{path or 'value'} must be a finite number, got {number}", _line(node))
 
@@ -400,6 +407,8 @@ def _load_json(text: str) -> Any:
         ) from None
     except RecursionError:
         raise _Problem(f"nesting deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer literal longer than Python parses (4300 digits)
+        raise _Problem(f"malformed JSON: {str(exc).split(':')[0]}") from None
     problem = data_problem(data)
     if problem is not None:
         path, tail = problem

@@ -798,3 +798,10 @@ def test_the_pure_python_yaml_parser_follows_the_same_rules(monkeypatch) -> None
     ]:
         with pytest.raises(ConfigError, match=re.escape(expected)):
             module.loads(text)
+
+
+def test_integer_literals_too_long_for_python_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^a: an integer of 5000 characters is too long"):
+        yamlio.loads("a: " + "1" * 5000)
+    with pytest.raises(ConfigError, match=r"^malformed JSON: Exceeds the limit"):
+        yamlio.loads('{"a": ' + "1" * 5000 + "}", is_json=True)
