@@ -11,9 +11,14 @@ model class), joins the path with dots under a prefix and writes one line in bat
     workload.arrivl: unknown key; allowed keys: arrival, concurrency, ...
 
 :class:`ConfigModel` is the base class every config model should use (``extra="forbid"``,
-frozen). Cross-field checks in a model validator raise :class:`FieldError` to name the key at
-fault (``workload.prompt_tokens.max must be >= min (10), got 5``). This module imports nothing
-from batchsim but :mod:`batchsim.errors`.
+frozen, strict: no coercion of ``true`` to 1 or ``'8'`` to 8). Cross-field checks in a model
+validator raise :class:`FieldError` to name the key at fault (``workload.prompt_tokens.max must
+be >= min (10), got 5``).
+
+It also owns the number rules every input shares: the field types :data:`StrictInt`,
+:data:`StrictFloat` (finite) and :data:`StrictBool`, the physical upper bounds (``MAX_*``), and
+:func:`number_problem`, the same rules for readers that do not use pydantic (model files).
+This module imports nothing from batchsim but :mod:`batchsim.errors`.
 """
 
 from __future__ import annotations
