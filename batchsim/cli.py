@@ -124,11 +124,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from batchsim.config import load_experiment, parse_override, unused_scheduler_keys
     from batchsim.scheduler.registry import load_policy
     from batchsim.simulation import build
+    from batchsim.workload import generate
 
     overrides = dict(parse_override(item) for item in args.set)
     config = load_experiment(args.experiment, overrides)
     policy = load_policy(config.scheduler.policy)
     setup = build(config)
+    # Everything `run` checks before simulating: draw the workload too (cheap), so a trace or a
+    # distribution that `run` would reject is rejected here with the same message.
+    generate(config.workload, config.seed, Path(args.experiment).parent)
     for key in unused_scheduler_keys(config, policy.config_keys):
         print(
             f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",

@@ -22,7 +22,19 @@ from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
 from batchsim.scheduler.interface import SchedulerConfig
 from batchsim.scheduler.registry import load_policy
-from batchsim.validation import ConfigModel, config_error_from_pydantic, format_value
+from batchsim.validation import (
+    MAX_GB,
+    MAX_MS,
+    MAX_SECONDS,
+    MAX_STEP_MS,
+    MAX_TOKENS,
+    ConfigModel,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    config_error_from_pydantic,
+    format_value,
+)
 from batchsim.workload import WorkloadConfig
 from batchsim.yamlio import line_of, read_mapping
 
@@ -36,41 +48,41 @@ KvDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 class ParallelConfig(ConfigModel):
     """``parallel:`` — how the model is split across GPUs."""
 
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: StrictInt = Field(1, ge=1, le=65536)
     """GPUs sharing every layer (weights, FLOPs and KV heads split; two all-reduces per layer)."""
 
 
 class EngineConfig(ConfigModel):
     """``engine:`` — memory, precision and the step loop."""
 
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    gpu_memory_utilization: StrictFloat = Field(0.9, gt=0, le=1)
     """Fraction of GPU memory the engine may use (weights + activations + KV cache)."""
-    block_size: int = Field(16, ge=1)
+    block_size: StrictInt = Field(16, ge=1, le=MAX_TOKENS)
     """Tokens per KV-cache block."""
     dtype: WeightDtype = "bf16"
     """Weight precision (int8/int4 are weight-only quantization computing in bf16)."""
     kv_cache_dtype: KvDtype = "auto"
     """KV-cache precision; ``auto`` = same as ``dtype`` (fp16 for int weights)."""
-    max_model_len: int | None = Field(None, ge=1)
+    max_model_len: StrictInt | None = Field(None, ge=1, le=2 * MAX_TOKENS)
     """Longest prompt + output accepted (tokens); default: the model's context length."""
-    num_gpu_blocks: int | None = Field(None, ge=1)
+    num_gpu_blocks: StrictInt | None = Field(None, ge=1, le=2**40)
     """Override the KV-cache size in blocks (default: computed from memory)."""
-    activation_reserve_gb: float | None = Field(None, ge=0)
+    activation_reserve_gb: StrictFloat | None = Field(None, ge=0, le=MAX_GB)
     """Memory kept for activations (GB); default: estimated from the token budget."""
-    cpu_overhead_ms: float | None = Field(None, ge=0)
+    cpu_overhead_ms: StrictFloat | None = Field(None, ge=0, le=MAX_STEP_MS)
     """CPU time per iteration (ms); default: the hardware profile's ``cpu_overhead.base_ms``."""
-    cpu_overhead_per_seq_ms: float | None = Field(None, ge=0)
+    cpu_overhead_per_seq_ms: StrictFloat | None = Field(None, ge=0, le=MAX_STEP_MS)
     """Extra CPU time per request in the iteration (ms); default: from the hardware profile."""
-    watermark: float = Field(0.01, ge=0, lt=1)
+    watermark: StrictFloat = Field(0.01, ge=0, lt=1)
     """Fraction of KV blocks admission keeps free (vLLM's block-manager watermark): a waiting
     request is admitted, or a swapped one resumed, only if this many blocks stay free after
     its allocation; running requests may grow into them."""
-    swap_space_gib: float = Field(4.0, ge=0)
+    swap_space_gib: StrictFloat = Field(4.0, ge=0, le=MAX_GB)
     """Host memory per GPU for KV blocks preempted by swapping (GiB; vLLM's ``swap_space``).
     Used with ``scheduler.preemption_mode: swap``."""
-    async_scheduling: bool = False
+    async_scheduling: StrictBool = False
     """Overlap the CPU work of an iteration with the previous GPU step (vLLM V1 async)."""
-    fast_forward: bool = True
+    fast_forward: StrictBool = True
     """Advance decode-only stretches in one step, for policies that declare
     ``decode_stretches`` (same results; off only to cross-check)."""
 
@@ -78,17 +90,17 @@ class EngineConfig(ConfigModel):
 class SloConfig(ConfigModel):
     """``slo:`` — latency objectives for ``request_goodput`` (ms)."""
 
-    ttft_ms: float | None = Field(None, gt=0)
-    tpot_ms: float | None = Field(None, gt=0)
-    e2el_ms: float | None = Field(None, gt=0)
+    ttft_ms: StrictFloat | None = Field(None, gt=0, le=MAX_MS)
+    tpot_ms: StrictFloat | None = Field(None, gt=0, le=MAX_MS)
+    e2el_ms: StrictFloat | None = Field(None, gt=0, le=MAX_MS)
 
 
 class MetricsConfig(ConfigModel):
     """``metrics:`` — what the summary counts."""
 
-    warmup_s: float = Field(0.0, ge=0)
+    warmup_s: StrictFloat = Field(0.0, ge=0, le=MAX_SECONDS)
     """Leave out requests arriving in the first ``warmup_s`` seconds."""
-    cooldown_s: float = Field(0.0, ge=0)
+    cooldown_s: StrictFloat = Field(0.0, ge=0, le=MAX_SECONDS)
     """Leave out requests arriving in the last ``cooldown_s`` seconds."""
 
 
@@ -97,7 +109,7 @@ class ExperimentConfig(ConfigModel):
 
     name: str = "experiment"
     description: str = ""
-    seed: int = Field(0, ge=0)
+    seed: StrictInt = Field(0, ge=0, le=2**64 - 1)
     """Seed of every random stream of the run (same seed -> identical outputs)."""
     hardware: str
     """Built-in profile name (``batchsim list hardware``) or path to a profile YAML."""

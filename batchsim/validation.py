@@ -11,31 +11,99 @@ model class), joins the path with dots under a prefix and writes one line in bat
     workload.arrivl: unknown key; allowed keys: arrival, concurrency, ...
 
 :class:`ConfigModel` is the base class every config model should use (``extra="forbid"``,
-frozen). Cross-field checks in a model validator raise :class:`FieldError` to name the key at
-fault (``workload.prompt_tokens.max must be >= min (10), got 5``). This module imports nothing
-from batchsim but :mod:`batchsim.errors`.
+frozen, strict: no coercion of ``true`` to 1 or ``'8'`` to 8). Cross-field checks in a model
+validator raise :class:`FieldError` to name the key at fault (``workload.prompt_tokens.max must
+be >= min (10), got 5``).
+
+It also owns the number rules every input shares: the field types :data:`StrictInt`,
+:data:`StrictFloat` (finite) and :data:`StrictBool`, the physical upper bounds (``MAX_*``), and
+:func:`number_problem`, the same rules for readers that do not use pydantic (model files).
+This module imports nothing from batchsim but :mod:`batchsim.errors`.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import reprlib
 import types
 import typing
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Strict, ValidationError
 from pydantic.fields import FieldInfo
 
 from batchsim.errors import ConfigError
 
-__all__ = ["ConfigModel", "FieldError", "config_error_from_pydantic", "format_value"]
+__all__ = [
+    "MAX_BATCH_TOKENS",
+    "MAX_GB",
+    "MAX_MS",
+    "MAX_REQUESTS",
+    "MAX_SECONDS",
+    "MAX_STEP_MS",
+    "MAX_TOKENS",
+    "ConfigModel",
+    "FieldError",
+    "StrictBool",
+    "StrictFloat",
+    "StrictInt",
+    "config_error_from_pydantic",
+    "format_value",
+    "number_problem",
+]
 
 _MAX_VALUE_CHARS = 60
 
+# --------------------------------------------------------------------------------------------
+# Number rules shared by every input (experiment, workload, hardware and model files, traces).
+# Every number is finite; these are the upper bounds of the physical quantities. They are
+# generous (far above any real engine or GPU) and keep downstream arithmetic exact and finite.
+
+MAX_TOKENS = 2**24
+"""Tokens of one request (prompt or output), a context length, a KV block (16,777,216)."""
+MAX_REQUESTS = 10_000_000
+"""Requests of one workload (also: closed-loop users, sequences in a batch, trace rows)."""
+MAX_BATCH_TOKENS = 2**30
+"""Tokens of one iteration (``scheduler.max_num_batched_tokens``)."""
+MAX_SECONDS = 1e9
+"""Any time or duration, s (about 31.7 years)."""
+MAX_MS = MAX_SECONDS * 1e3
+"""Any time or duration, ms."""
+MAX_STEP_MS = 1e3
+"""A fixed cost paid every iteration or kernel (CPU overhead, launch, kernel floors), ms."""
+MAX_GB = 1e6
+"""An amount of memory, GB or GiB (activation reserve, swap space, GPU memory)."""
+
+
+def _plain_number(value: Any) -> Any:
+    """Numbers of other types (numpy scalars, fractions) as int or float; the rest as is."""
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def _whole_number(value: Any) -> Any:
+    """``1e6`` (a YAML float) -> ``1000000`` for integer keys; anything else is left as is."""
+    value = _plain_number(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+StrictInt = Annotated[int, BeforeValidator(_whole_number), Strict()]
+"""An integer: ints and whole floats (``1e6``); not booleans, strings or 1.5."""
+StrictFloat = Annotated[float, BeforeValidator(_plain_number), Strict(), AllowInfNan(False)]
+"""A finite number: ints and floats; not booleans, strings, nan or inf."""
+StrictBool = Annotated[bool, Strict()]
+"""``true`` or ``false``; not 1, 'yes' or 'true'."""
+
 
 class ConfigModel(BaseModel):
-    """Base of batchsim's config models: unknown keys are errors, instances are immutable."""
+    """Base of batchsim's config models: unknown keys are errors, instances are immutable, and
+    values are not coerced (strict mode: ``true`` is no integer, ``'8'`` no number)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class FieldError(ValueError):
@@ -45,8 +113,10 @@ class FieldError(ValueError):
     ``workload.prompt_tokens`` reads ``workload.prompt_tokens.max must be >= min (10), got 5``.
 
     Args:
-        key: Dotted path of the offending key, relative to the model.
-        message: The rest of the sentence, starting with a verb ("must be", "is required").
+        key: Dotted path of the offending key, relative to the model ("" for the field
+            itself, in a field validator).
+        message: The rest of the sentence, starting with a verb ("must be", "is required"),
+            or with ": " for a statement about the key (": nesting deeper than 100 levels").
     """
 
     def __init__(self, key: str, message: str):
@@ -55,18 +125,60 @@ class FieldError(ValueError):
         self.message = message
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 2
+_REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = 4
+_REPR.maxstring = _REPR.maxother = _MAX_VALUE_CHARS
+_REPR.maxlong = 40
+
+
 def format_value(value: Any) -> str:
-    """Short, one-line rendering of an offending input value for an error message."""
+    """Short, one-line rendering of an offending input value for an error message.
+
+    Bounded work whatever the value: at most two levels and four items of a container are
+    looked at (a "billion laughs" document or a huge list is not rendered in full).
+    """
     if value is None:
         text = "null"
     elif isinstance(value, bool):
         text = str(value).lower()
     else:
-        text = repr(value)
+        text = _REPR.repr(value)
     text = " ".join(text.split())
     if len(text) > _MAX_VALUE_CHARS:
         text = text[: _MAX_VALUE_CHARS - 3] + "..."
     return text
+
+
+def number_problem(
+    value: Any,
+    *,
+    integer: bool = False,
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+) -> str | None:
+    """The number rule ``value`` breaks, as the rest of a sentence after its key, or None.
+
+    The same rules and words as the pydantic fields (:data:`StrictInt`, :data:`StrictFloat`
+    with ``Field(gt=..., ge=..., le=...)``), for readers that do not use pydantic:
+    ``must be an integer, got 1.5``, ``must be a finite number, got nan``, ``must be >= 1, got
+    0``, ``must be <= 16777216, got 1e+20``.
+    """
+    shown = format_value(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be {'an integer' if integer else 'a number'}, got {shown}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {shown}"
+    if integer and isinstance(value, float) and not value.is_integer():
+        return f"must be an integer, got {shown}"
+    if gt is not None and not value > gt:
+        return f"must be > {_number(gt)}, got {shown}"
+    if ge is not None and not value >= ge:
+        return f"must be >= {_number(ge)}, got {shown}"
+    if le is not None and not value <= le:
+        return f"must be <= {_number(le)}, got {shown}"
+    return None
 
 
 def config_error_from_pydantic(
@@ -154,7 +266,8 @@ def _describe(err: dict[str, Any], prefix: str, root: type[BaseModel] | None) ->
         return f"{where}: {_lower_first(err['msg'])}"
     error = ctx.get("error")
     if kind == "value_error" and isinstance(error, FieldError):
-        return f"{_join(path, [error.key])} {error.message}"
+        key = _join(path, [error.key]) if error.key else path
+        return f"{key}{'' if error.message.startswith(':') else ' '}{error.message}"
     if kind in ("value_error", "assertion_error"):
         msg = str(err["msg"])
         for lead in ("Value error, ", "Assertion failed, "):

@@ -3,11 +3,15 @@ bad input."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from batchsim.catalog import catalog_dir, catalog_names
 from batchsim.catalog.hardware import (
@@ -20,6 +24,7 @@ from batchsim.catalog.hardware import (
     load_hardware,
 )
 from batchsim.errors import ConfigError
+from batchsim.yamlio import read_mapping
 
 HARDWARE_NAMES = catalog_names("hardware_profiles")
 REQUIRED_PROFILES = {
@@ -39,7 +44,7 @@ REQUIRED_PROFILES = {
 
 
 def _raw(name: str) -> dict[str, Any]:
-    return yaml.safe_load((catalog_dir("hardware_profiles") / f"{name}.yaml").read_text())
+    return read_mapping(catalog_dir("hardware_profiles") / f"{name}.yaml")[0]
 
 
 def _numeric_paths(node: Any, prefix: str = "") -> list[str]:
@@ -388,3 +393,79 @@ def test_needs_a_16_bit_peak(tmp_path: Path) -> None:
         raw["peak_tflops"] = {"int8": 624}
 
     assert "peak_tflops: needs at least one of bf16, fp16" in _error(_profile(tmp_path, edit))
+
+
+# --------------------------------------------------------------------------- number rules
+
+_files = itertools.count()
+_UNPHYSICAL = (
+    st.sampled_from([math.nan, math.inf, -math.inf])
+    | st.floats(min_value=1e7, max_value=1e308)
+    | st.floats(min_value=-1e308, max_value=-1e-9)
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(_numeric_paths(_raw("a100-80gb"))), value=_UNPHYSICAL)
+def test_any_non_finite_negative_or_huge_number_is_rejected_naming_its_key(
+    tmp_path_factory: pytest.TempPathFactory, key: str, value: float
+) -> None:
+    # Every numeric key of a profile (peaks, bandwidths, memory, compute units, efficiency
+    # terms, CPU overheads) is finite, >= 0 and far below 1e7 in its unit.
+    def edit(raw: dict[str, Any]) -> None:
+        *parents, last = key.split(".")
+        node = raw
+        for part in parents:
+            node = node[part]
+        node[last] = value
+
+    directory = tmp_path_factory.mktemp("profiles")
+    message = _error(_profile(directory, edit, name=f"p{next(_files)}.yaml"))
+    assert f"{key} must be" in message or f"{key}: " in message, message
+
+
+def test_exponent_numbers_are_numbers(tmp_path: Path) -> None:
+    # PyYAML (YAML 1.1) reads 8e1 as a string; profiles follow YAML 1.2, where it is 80.
+    text = (catalog_dir("hardware_profiles") / "a100-80gb.yaml").read_text(encoding="utf-8")
+    text = text.replace("memory_gb: 80", "memory_gb: 8e1").replace(
+        "memory_bandwidth_tb_s: 2.039", "memory_bandwidth_tb_s: 2039e-3"
+    )
+    (tmp_path / "x.yaml").write_text(text.replace("compute: 0.72", "compute: .72e0"))
+    hw = load_hardware(str(tmp_path / "x.yaml"))
+    builtin = load_hardware("a100-80gb")
+    assert (hw.memory_capacity, hw.memory_bandwidth) == (80e9, 2.039e12)
+    assert hw.efficiency == builtin.efficiency
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("efficiency.gemm_tile_m", 8, "efficiency.gemm_tile_m must be >= 16, got 8"),
+        ("efficiency.transition_exponent", 0.5, "must be >= 1, got 0.5"),
+        ("efficiency.attention_sm_bandwidth", 0, "must be >= 0.01, got 0"),
+        ("efficiency.min_kernel_time_us", 2e6, "must be <= 1000000, got 2000000.0"),
+        ("efficiency.launch_overhead_ms", 1e308, "must be <= 1000, got 1e+308"),
+        ("efficiency.compute", math.nan, "must be a finite number, got nan"),
+        ("efficiency.compute", True, "must be a number, got true"),
+        ("cpu_overhead.per_seq_ms", 5000, "must be <= 1000, got 5000"),
+        ("num_compute_units", 10**12, "must be <= 1000000, got 1000000000000"),
+    ],
+)
+def test_efficiency_terms_and_overheads_have_physical_ranges(
+    tmp_path: Path, key: str, value: Any, expected: str
+) -> None:
+    def edit(raw: dict[str, Any]) -> None:
+        *parents, last = key.split(".")
+        node = raw
+        for part in parents:
+            node = node[part]
+        node[last] = value
+
+    message = _error(_profile(tmp_path, edit))
+    assert f"{key} " in message and message.endswith(expected), message
+
+
+def test_every_built_in_efficiency_default_is_inside_its_range() -> None:
+    for key, spec in EFFICIENCY_KEYS.items():
+        lo, hi = (0.0, 1.0) if spec.fraction else (spec.minimum, spec.upper)
+        assert lo <= spec.default <= hi, key

@@ -3,12 +3,16 @@ loading, errors."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from batchsim.catalog import catalog_dir, catalog_names
 from batchsim.catalog.model import (
@@ -19,6 +23,8 @@ from batchsim.catalog.model import (
     resolve_kv_dtype,
 )
 from batchsim.errors import ConfigError
+from batchsim.validation import format_value
+from batchsim.yamlio import read_mapping
 
 MODEL_NAMES = catalog_names("models")
 REQUIRED_MODELS = {
@@ -40,7 +46,7 @@ REQUIRED_MODELS = {
 
 
 def _raw(name: str) -> dict[str, Any]:
-    return yaml.safe_load((catalog_dir("models") / f"{name}.yaml").read_text())
+    return read_mapping(catalog_dir("models") / f"{name}.yaml")[0]
 
 
 def _write_json(directory: Path, data: dict[str, Any]) -> Path:
@@ -365,7 +371,7 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
 def test_bad_value_names_file_and_key(tmp_path: Path, value: Any) -> None:
     path = _llama_yaml(tmp_path, hidden_size=value)
     message = _error(path)
-    assert str(path) in message and "hidden_size" in message and repr(value) in message
+    assert str(path) in message and "hidden_size" in message and format_value(value) in message
 
 
 def test_unknown_key_in_yaml_is_rejected(tmp_path: Path) -> None:
@@ -393,3 +399,79 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
     assert "mapping" in _error(path)
+
+
+# --------------------------------------------------------------------------- number rules
+
+_files = itertools.count()
+_INT_KEYS = [
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "max_position_embeddings",
+]
+_NOT_A_SIZE = (
+    st.sampled_from([math.nan, math.inf, -math.inf, True, "4096", None, [4096]])
+    | st.integers(min_value=2**24 + 1)
+    | st.integers(max_value=0)
+    | st.floats(min_value=1.0, max_value=1e300).filter(lambda x: not x.is_integer())
+    | st.floats(min_value=2.0**24 + 1, max_value=1e308)
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(_INT_KEYS), value=_NOT_A_SIZE, as_json=st.booleans())
+def test_any_bad_size_is_rejected_naming_its_key(
+    tmp_path_factory: pytest.TempPathFactory, key: str, value: Any, as_json: bool
+) -> None:
+    # Integer fields are integers in [1, 2^24], in a model YAML and in a config.json alike.
+    raw = {k: v for k, v in _raw("llama-2-7b").items() if k != "sources"}
+    raw[key] = value
+    directory = tmp_path_factory.mktemp("models") / f"m{next(_files)}"
+    if as_json:
+        if isinstance(value, float) and not math.isfinite(value):
+            text = json.dumps(raw)  # NaN / Infinity: what Python's json writes
+        else:
+            text = json.dumps(raw, allow_nan=False)
+        path = directory / "config.json"
+        directory.mkdir(parents=True)
+        path.write_text(text)
+    else:
+        directory.mkdir(parents=True)
+        path = directory / "m.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    message = _error(path)
+    assert key in message and str(path) in message, message
+
+
+def test_official_num_params_is_a_finite_number_in_range(tmp_path: Path) -> None:
+    for value, expected in [
+        (math.inf, "official_num_params must be a finite number, got inf"),
+        (1e16, "official_num_params must be <= 1000000000000000, got 1e+16"),
+        ("7B", "official_num_params must be a number, got '7B'"),
+        (0, "official_num_params must be > 0, got 0"),
+    ]:
+        assert expected in _error(_llama_yaml(tmp_path, official_num_params=value))
+
+
+def test_exponent_numbers_are_numbers_in_model_yaml(tmp_path: Path) -> None:
+    text = (catalog_dir("models") / "llama-2-7b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "m.yaml"
+    path.write_text(text.replace("hidden_size: 4096", "hidden_size: 4.096e3"))
+    assert load_model(str(path)).num_params == load_model("llama-2-7b").num_params
+
+
+def test_config_json_with_a_duplicate_key_or_deep_nesting_is_rejected(tmp_path: Path) -> None:
+    raw = {k: v for k, v in _raw("llama-2-7b").items() if k not in ("name", "sources")}
+    text = json.dumps(raw, indent=1).replace('"vocab_size"', '"vocab_size": 1,\n "vocab_size"')
+    path = _write_json(tmp_path / "dup", {})
+    path.write_text(text)
+    line = text.splitlines().index(' "vocab_size": 1,') + 2
+    assert f"{path}:{line}: duplicate key 'vocab_size'" in _error(path)
+    path.write_text(json.dumps({**raw, "rope_scaling": {"a": [[[[[[1]]]]]]}}) + " " * 10)
+    assert load_model(str(path)).hidden_size == 4096  # ignored keys may nest a little
+    path.write_text('{"rope_scaling": ' * 200 + "1" + "}" * 200 + " ")
+    assert "nesting deeper than 100 levels" in _error(path)

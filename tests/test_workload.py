@@ -594,7 +594,8 @@ def trace_error(tmp_path: Path, path: str = "azure_conv_sample.csv") -> str:
 def test_malformed_trace_row_names_file_line_and_column(tmp_path: Path) -> None:
     corrupted_copy(tmp_path, 17, "2023-11-16 18:16:06.0000000,abc,12")
     assert trace_error(tmp_path) == (
-        "azure_conv_sample.csv:17: ContextTokens: expected a positive integer, got 'abc'"
+        "azure_conv_sample.csv:17: ContextTokens: expected a positive integer <= 16777216 "
+        "(tokens), got 'abc'"
     )
 
 
@@ -633,7 +634,7 @@ def test_malformed_mooncake_line_names_its_line(tmp_path: Path) -> None:
     lines[6] = "{not json"
     (tmp_path / "m.jsonl").write_text("\n".join(lines[:5]) + "\n")
     assert trace_error(tmp_path, "m.jsonl") == (
-        "m.jsonl:3: input_length: expected a positive integer, got -5"
+        "m.jsonl:3: input_length: expected a positive integer <= 16777216 (tokens), got -5"
     )
     (tmp_path / "m.jsonl").write_text("\n".join(lines[3:8]) + "\n")
     assert trace_error(tmp_path, "m.jsonl").startswith("m.jsonl:4: invalid JSON")
@@ -780,3 +781,166 @@ def test_config_error_helper_counts_further_errors_on_the_same_line() -> None:
     data = base_data(arrival={"process": "poisson", "rate": -1}, num_requests=0)
     message = config_error(data)
     assert message.endswith("(and 1 more error)")
+
+
+# ------------------------------------------------------------------------------------------
+# Caps and number rules: every number finite and bounded, token counts integers in [1, 2^24]
+
+NUMERIC_KEYS = {
+    "normal": ("mean", "std"),
+    "lognormal": ("mean", "sigma"),
+    "exponential": ("mean",),
+    "zipf": ("theta",),
+}
+TIME_KEYS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma")}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dist=st.sampled_from(sorted(NUMERIC_KEYS)),
+    data=st.data(),
+    value=st.sampled_from([math.nan, math.inf, -math.inf]) | st.floats(1e13, 1e308),
+)
+def test_any_non_finite_or_huge_distribution_parameter_is_rejected_naming_it(
+    dist: str, data: st.DataObject, value: float
+) -> None:
+    key = data.draw(st.sampled_from(NUMERIC_KEYS[dist]))
+    spec: dict[str, Any] = {"dist": dist, "mean": 100, "std": 10, "sigma": 1, "theta": 1}
+    spec = {k: v for k, v in spec.items() if k == "dist" or k in NUMERIC_KEYS[dist]}
+    if dist == "zipf":
+        spec["max"] = 100
+    spec[key] = value
+    message = config_error({"num_requests": 1, "arrival": "all_at_once", "prompt_tokens": spec})
+    assert message.startswith(f"workload.prompt_tokens.{key} must be"), message
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    dist=st.sampled_from(sorted(TIME_KEYS)),
+    data=st.data(),
+    value=st.sampled_from([math.nan, math.inf, -math.inf]) | st.floats(1e13, 1e308),
+)
+def test_any_non_finite_or_huge_time_parameter_is_rejected_naming_it(
+    dist: str, data: st.DataObject, value: float
+) -> None:
+    key = data.draw(st.sampled_from(TIME_KEYS[dist]))
+    spec: dict[str, Any] = {"dist": dist, "value": 1, "min": 1, "max": 2, "mean": 5, "sigma": 1}
+    spec = {k: v for k, v in spec.items() if k == "dist" or k in TIME_KEYS[dist]}
+    spec[key] = value
+    data_in = {"num_requests": 2, "arrival": "all_at_once", "prompt_tokens": 1}
+    message = config_error({**data_in, "output_tokens": 1, "cancel_after_ms": spec})
+    assert message.startswith(f"workload.cancel_after_ms.{key} must be"), message
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"num_requests": 10_000_001}, "workload.num_requests must be <= 10000000, got 10000001"),
+        ({"num_requests": 1e9}, "workload.num_requests must be <= 10000000, got 1000000000.0"),
+        ({"num_requests": 1.5}, "workload.num_requests must be an integer, got 1.5"),
+        ({"num_requests": True}, "workload.num_requests must be an integer, got true"),
+        ({"output_tokens": 2**24 + 1}, "workload.output_tokens.value must be <= 16777216"),
+        ({"output_tokens": 1e20}, "workload.output_tokens.value must be <= 16777216, got 1e+20"),
+        ({"duration_s": 1e10, "num_requests": None}, "workload.duration_s must be <= 1000000000"),
+        (
+            {"duration_s": 2e6, "num_requests": None},
+            "workload.duration_s x arrival rate (10 req/s) must be <= 10,000,000 requests, "
+            "got about 2e+07",
+        ),
+    ],
+)
+def test_sizes_are_capped_at_validation(data: dict[str, Any], expected: str) -> None:
+    base = {
+        "num_requests": 100,
+        "arrival": {"process": "poisson", "rate": 10.0},
+        "prompt_tokens": 10,
+        "output_tokens": 16,
+    }
+    merged = {k: v for k, v in {**base, **data}.items() if v is not None}
+    assert config_error(merged).startswith(expected)
+
+
+def test_whole_floats_are_integers() -> None:
+    cfg = workload(num_requests=1e3, output_tokens={"dist": "fixed", "value": 1.6e1})
+    assert cfg.num_requests == 1000 and isinstance(cfg.num_requests, int)
+    assert generate(cfg, 0).output_tokens[0] == 16
+
+
+def test_a_drawn_length_over_the_cap_is_an_error_naming_the_key() -> None:
+    cfg = workload(prompt_tokens={"dist": "normal", "mean": 2**24, "std": 1e6})
+    with pytest.raises(
+        ConfigError, match=r"^workload\.prompt_tokens: a drawn value is 1\.\d+e\+07"
+    ):
+        generate(cfg, 0)
+    capped = workload(prompt_tokens={"dist": "normal", "mean": 2**24, "std": 1e6, "max": 2**24})
+    assert generate(capped, 0).prompt_tokens.max() == 2**24  # with a max, it clips as documented
+
+
+def test_sampling_never_overflows_int64() -> None:
+    # The largest lognormal the rules admit, without a max: the draws stay finite and exact.
+    x = draw({"dist": "lognormal", "mean": 2**24, "sigma": 10}, n=1000)
+    assert x.dtype == np.int64 and x.min() >= 1 and x.max() <= 2**62
+
+
+def test_a_drawn_time_over_the_cap_is_an_error() -> None:
+    cfg = workload(cancel_after_ms={"dist": "lognormal", "mean": 1e12, "sigma": 1})
+    with pytest.raises(ConfigError, match=r"^workload\.cancel_after_ms: a drawn value"):
+        generate(cfg, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("t.csv", "arrival_time,prompt_tokens,output_tokens\n0,1e23,5\n", "t.csv:2: prompt_tokens"),
+        ("t.csv", "arrival_time,prompt_tokens,output_tokens\n0,16777217,5\n", "t.csv:2:"),
+        ("t.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,5\n2e9,5,5\n", "t.csv:3:"),
+        ("t.jsonl", '{"timestamp": 0, "input_length": 1e23, "output_length": 1}\n', "t.jsonl:1:"),
+        ("t.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 1e400}\n', "t.jsonl:1:"),
+        ("t.jsonl", '{"timestamp": 1e300, "input_length": 1, "output_length": 1}\n', None),
+    ],
+)
+def test_trace_numbers_out_of_range_name_file_and_line(
+    tmp_path: Path, name: str, text: str, expected: str | None
+) -> None:
+    (tmp_path / name).write_text(text)
+    if expected is None:  # a single huge timestamp is fine: times count from the first row
+        assert len(generate(trace_workload(path=name), 0, tmp_path)) == 1
+        return
+    message = trace_error(tmp_path, name)
+    assert message.startswith(expected), message
+
+
+def test_trace_time_scale_past_the_time_limit_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("arrival_time,prompt_tokens,output_tokens\n0,5,5\n9e8,5,5\n")
+    with pytest.raises(ConfigError, match=r"workload\.trace\.time_scale=2 puts the last arrival"):
+        generate(trace_workload(path="t.csv", time_scale=2.0), 0, tmp_path)
+
+
+def test_data_files_are_utf8_text_of_bounded_size(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "t.csv").write_bytes("arrival_time,prompt_tokens\n".encode("utf-16"))
+    assert "UTF-16" in trace_error(tmp_path, "t.csv")
+    (tmp_path / "n.txt").write_bytes(b"12\n\xff\n")
+    spec = {"dist": "empirical", "path": str(tmp_path / "n.txt")}
+    with pytest.raises(ConfigError, match=r"n.txt:2: not UTF-8 text: byte 0xff"):
+        draw(spec, n=1)
+    monkeypatch.setattr("batchsim.yamlio.MAX_DATA_BYTES", 10)
+    (tmp_path / "m.txt").write_text("12\n13\n14\n15\n")
+    with pytest.raises(ConfigError, match=r"m.txt: file is larger than 0 MiB"):
+        draw({"dist": "empirical", "path": str(tmp_path / "m.txt")}, n=1)
+
+
+def test_empirical_file_values_are_token_counts(tmp_path: Path) -> None:
+    (tmp_path / "n.txt").write_text("0\n12\n")  # "0" is a bad value, not a header line
+    with pytest.raises(ConfigError, match=r"n.txt:1: value: expected a positive integer"):
+        draw({"dist": "empirical", "path": str(tmp_path / "n.txt")}, n=1)
+    (tmp_path / "m.txt").write_text("tokens\n12\n1e23\n")
+    with pytest.raises(ConfigError, match=r"m.txt:3: value: expected a positive integer <= 1677"):
+        draw({"dist": "empirical", "path": str(tmp_path / "m.txt")}, n=1)
+
+
+def test_numpy_numbers_from_the_python_api_are_numbers_but_not_booleans() -> None:
+    cfg = workload(num_requests=np.int64(5), arrival={"process": "poisson", "rate": np.float32(2)})
+    assert cfg.num_requests == 5 and cfg.arrival is not None and cfg.arrival.mean_rate() == 2.0
+    assert "must be an integer" in config_error(
+        {"num_requests": np.bool_(True), "arrival": "all_at_once", "prompt_tokens": 1}
+    )

@@ -5,8 +5,15 @@ key names — TFLOP/s, TB/s, GB, GB/s, ms, us), its validation, and the conversi
 (FLOP/s, B/s, bytes, s) that the rest of batchsim uses. Also owns the list of realism terms a
 profile may set (:data:`EFFICIENCY_KEYS`).
 
-Must not import anything from batchsim except :mod:`batchsim.errors` and :mod:`batchsim.catalog`
+Must not import anything from batchsim except :mod:`batchsim.errors`, :mod:`batchsim.catalog`,
+:mod:`batchsim.yamlio` (the one file reader) and :mod:`batchsim.validation` (the number rules)
 (stdlib, PyYAML, pydantic only): the cost model, the config loader and the CLI build on it.
+
+Every number of a profile is finite and in a physical range (the bounds are generous: a
+datasheet value is far inside them): peaks (0, 1e6] TFLOP/s, memory bandwidth (0, 1000] TB/s,
+memory (0, 1e6] GB, link bandwidths (0, 1e6] GB/s, compute units [1, 1e6], fixed times and
+CPU overheads [0, 1 s] in their unit, fractions (0, 1], other efficiency terms in the range
+their :class:`EfficiencyKey` states.
 """
 
 from __future__ import annotations
@@ -18,13 +25,20 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from batchsim.catalog import catalog_names, resolve
 from batchsim.errors import ConfigError
-from batchsim.yamlio import line_of
+from batchsim.validation import (
+    MAX_GB,
+    MAX_STEP_MS,
+    StrictFloat,
+    StrictInt,
+    format_value,
+    number_problem,
+)
+from batchsim.yamlio import line_of, read_mapping
 
 __all__ = [
     "CPU_OVERHEAD_DEFAULTS",
@@ -50,10 +64,14 @@ class EfficiencyKey:
         per_si: YAML units per SI unit (1e6 for ``_us``, 1e3 for ``_ms``, 1 for fractions);
             the SI value is ``yaml_value / per_si``.
         ideal: SI value :meth:`HardwareProfile.ideal` uses (1 for fractions, 0 for overheads).
-        fraction: True: value must be in (0, 1]; False: value must be >= 0.
+        fraction: True: value must be in (0, 1]; False: value must be in
+            [``minimum``, ``maximum``].
         si_name: Name of the SI value: key of ``HardwareProfile.efficiency`` and, when
             :class:`HardwareProfile` has a field of that name, that field too.
         doc: What the term means.
+        minimum: Smallest value (YAML unit) of a non-fraction term.
+        maximum: Largest value (YAML unit) of a non-fraction term; default: one second in
+            the term's unit for times (``per_si`` != 1), 1000 for other terms.
     """
 
     default: float
@@ -62,6 +80,15 @@ class EfficiencyKey:
     fraction: bool
     si_name: str
     doc: str
+    minimum: float = 0.0
+    maximum: float | None = None
+
+    @property
+    def upper(self) -> float:
+        """The largest value a profile may give (YAML unit)."""
+        if self.maximum is not None:
+            return self.maximum
+        return self.per_si * MAX_STEP_MS / 1e3 if self.per_si != 1.0 else 1e3
 
 
 # The known keys of the `efficiency:` block, with defaults. This is the ONE place to edit to add
@@ -136,6 +163,7 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         si_name="attention_masked_fraction",
         doc="share of a prefill chunk's causally masked (query, key) pairs the attention kernel "
         "still computes (1: whole tiles, no causal skipping; 0: perfect skipping)",
+        maximum=100.0,
     ),
     "attention_kernel_time_us": EfficiencyKey(
         default=6.3,
@@ -153,6 +181,8 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         si_name="attention_sm_bandwidth",
         doc="memory bandwidth one SM streams in decode attention, as a multiple of its share "
         "(memory bandwidth / num_compute_units): bytes in flight / memory latency",
+        minimum=0.01,
+        maximum=1000.0,
     ),
     "attention_cta_time_us": EfficiencyKey(
         default=1.0,
@@ -203,6 +233,8 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         fraction=False,
         si_name="gemm_tile_m",
         doc="GEMM output tile rows (tokens) of the large tensor-core kernels",
+        minimum=16.0,  # the smallest tensor-core tile height (mma m16)
+        maximum=4096.0,
     ),
     "gemm_tile_n": EfficiencyKey(
         default=128.0,
@@ -211,6 +243,8 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         fraction=False,
         si_name="gemm_tile_n",
         doc="GEMM output tile columns (output features) of the large tensor-core kernels",
+        minimum=8.0,
+        maximum=4096.0,
     ),
     "transition_exponent": EfficiencyKey(
         default=2.0,
@@ -219,6 +253,8 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         fraction=False,
         si_name="transition_exponent",
         doc="p of the p-norm (t_c^p + t_m^p)^(1/p) joining compute and memory time of a kernel",
+        minimum=1.0,  # a p-norm needs p >= 1
+        maximum=100.0,
     ),
     "host_transfer": EfficiencyKey(
         default=0.8,
@@ -360,9 +396,9 @@ _PROFILE_FIELDS = frozenset(f.name for f in dataclasses.fields(HardwareProfile))
 
 # --------------------------------------------------------------------------- YAML schema
 
-_Pos = Annotated[float, Field(gt=0)]
-_NonNeg = Annotated[float, Field(ge=0)]
-_PosFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+_Tflops = Annotated[StrictFloat, Field(gt=0, le=1e6)]
+_GbPerS = Annotated[StrictFloat, Field(gt=0, le=1e6)]
+_StepMs = Annotated[StrictFloat, Field(ge=0, le=MAX_STEP_MS)]
 
 
 class _Schema(BaseModel):
@@ -370,28 +406,28 @@ class _Schema(BaseModel):
 
 
 class _PeakTflops(_Schema):
-    bf16: _Pos | None = None
-    fp16: _Pos | None = None
-    fp8: _Pos | None = None
-    int8: _Pos | None = None
-    int4: _Pos | None = None
+    bf16: _Tflops | None = None
+    fp16: _Tflops | None = None
+    fp8: _Tflops | None = None
+    int8: _Tflops | None = None
+    int4: _Tflops | None = None
 
 
 class _CpuOverhead(_Schema):
-    base_ms: _NonNeg = CPU_OVERHEAD_DEFAULTS["base_ms"]
-    per_seq_ms: _NonNeg = CPU_OVERHEAD_DEFAULTS["per_seq_ms"]
+    base_ms: _StepMs = CPU_OVERHEAD_DEFAULTS["base_ms"]
+    per_seq_ms: _StepMs = CPU_OVERHEAD_DEFAULTS["per_seq_ms"]
 
 
 class _ProfileYaml(_Schema):
     name: Annotated[str, Field(min_length=1)]
     description: str = ""
     peak_tflops: _PeakTflops
-    memory_bandwidth_tb_s: _Pos
-    memory_gb: _Pos
-    interconnect_bandwidth_gb_s: _Pos
-    host_bandwidth_gb_s: _PosFinite | None = None
-    num_compute_units: Annotated[int, Field(ge=1)]
-    efficiency: dict[str, float] = {}
+    memory_bandwidth_tb_s: Annotated[StrictFloat, Field(gt=0, le=1e3)]
+    memory_gb: Annotated[StrictFloat, Field(gt=0, le=MAX_GB)]
+    interconnect_bandwidth_gb_s: _GbPerS
+    host_bandwidth_gb_s: _GbPerS | None = None
+    num_compute_units: Annotated[StrictInt, Field(ge=1, le=1_000_000)]
+    efficiency: dict[str, Any] = {}
     cpu_overhead: _CpuOverhead = _CpuOverhead()
     sources: dict[str, str] = {}
 
@@ -410,11 +446,11 @@ def _num(value: Any) -> Any:
 
 def _describe_error(err: ErrorDetails) -> tuple[tuple[str, ...], str]:
     """Turn one pydantic error into (key path, one-line message)."""
-    loc = tuple(str(p) for p in err["loc"])
+    loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     path = ".".join(loc)
     kind = err["type"]
     ctx = err.get("ctx") or {}
-    value = err.get("input")
+    value = format_value(err.get("input"))
     if kind == "missing":
         return loc, f"{path}: required key is missing"
     if kind == "extra_forbidden":
@@ -422,19 +458,21 @@ def _describe_error(err: ErrorDetails) -> tuple[tuple[str, ...], str]:
         allowed = ", ".join(_SCHEMA_FIELDS.get(parent, ()))
         return loc, f"{path}: unknown key; allowed keys here: {allowed}"
     if kind == "greater_than":
-        return loc, f"{path} must be > {_num(ctx.get('gt'))}, got {value!r}"
+        return loc, f"{path} must be > {_num(ctx.get('gt'))}, got {value}"
     if kind == "finite_number":
-        return loc, f"{path} must be a finite number, got {value!r}"
+        return loc, f"{path} must be a finite number, got {value}"
     if kind == "greater_than_equal":
-        return loc, f"{path} must be >= {_num(ctx.get('ge'))}, got {value!r}"
+        return loc, f"{path} must be >= {_num(ctx.get('ge'))}, got {value}"
+    if kind == "less_than_equal":
+        return loc, f"{path} must be <= {_num(ctx.get('le'))}, got {value}"
     if kind in ("float_type", "int_type", "float_parsing", "int_parsing", "int_from_float"):
         want = "an integer" if kind.startswith("int") else "a number"
-        return loc, f"{path} must be {want}, got {value!r}"
+        return loc, f"{path} must be {want}, got {value}"
     if kind in ("string_type", "string_too_short"):
-        return loc, f"{path} must be a non-empty string, got {value!r}"
+        return loc, f"{path} must be a non-empty string, got {value}"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return loc, f"{path or 'top level'} must be a mapping, got {value!r}"
-    return loc, f"{path}: {err['msg']}, got {value!r}"
+        return loc, f"{path or 'top level'} must be a mapping, got {value}"
+    return loc, f"{path}: {err['msg']}, got {value}"
 
 
 def _si(value: float, exponent: int) -> float:
@@ -444,22 +482,7 @@ def _si(value: float, exponent: int) -> float:
 
 def _parse(path: Path) -> HardwareProfile:
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read file: {exc.strerror}", source) from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        line = mark.line + 1 if mark is not None else None
-        raise ConfigError(f"malformed YAML: {problem}", source, line) from None
-    if not isinstance(raw, dict):
-        got = type(raw).__name__
-        raise ConfigError(
-            f"expected a mapping of keys to values at the top level, got {got}", source
-        )
+    raw, text = read_mapping(path)
 
     try:
         doc = _ProfileYaml.model_validate(raw)
@@ -478,11 +501,15 @@ def _parse(path: Path) -> HardwareProfile:
     for key, spec in EFFICIENCY_KEYS.items():
         value = doc.efficiency.get(key, spec.default)
         where = ("efficiency", key)
-        if spec.fraction and not 0 < value <= 1:
-            raise fail(where, f"efficiency.{key} must be in (0, 1], got {value!r}")
-        if not spec.fraction and value < 0:
-            raise fail(where, f"efficiency.{key} must be >= 0, got {value!r}")
-        efficiency[spec.si_name] = value / spec.per_si
+        if spec.fraction:
+            problem = number_problem(value)
+            if problem is None and not 0 < value <= 1:
+                problem = f"must be in (0, 1], got {format_value(value)}"
+        else:
+            problem = number_problem(value, ge=spec.minimum, le=spec.upper)
+        if problem is not None:
+            raise fail(where, f"efficiency.{key} {problem}")
+        efficiency[spec.si_name] = float(value) / spec.per_si
     unknown = sorted(set(doc.efficiency) - set(EFFICIENCY_KEYS))
     if unknown:
         allowed = ", ".join(EFFICIENCY_KEYS)

@@ -8,13 +8,17 @@ weight bytes per dtype and KV-cache bytes per token. Nothing here is stored that
 derived: the catalog holds the config fields and the official parameter count only to check
 the derivation against it.
 
-Must not import anything from batchsim except :mod:`batchsim.errors` and :mod:`batchsim.catalog`
-(stdlib, PyYAML only): the cost model, the config loader and the CLI build on this module.
+Must not import anything from batchsim except :mod:`batchsim.errors`, :mod:`batchsim.catalog`,
+:mod:`batchsim.yamlio` (the one file reader) and :mod:`batchsim.validation` (the number rules):
+the cost model, the config loader and the CLI build on this module.
+
+Every integer field is an integer in [1, 2^24] (widths, layers, heads, experts, vocabulary,
+context length; a few counts may be 0), ``official_num_params`` a finite number in
+(0, 1e15].
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +27,7 @@ from typing import Any
 
 from batchsim.catalog import catalog_names, resolve
 from batchsim.errors import ConfigError
+from batchsim.validation import format_value, number_problem
 from batchsim.yamlio import line_of, read_mapping
 
 __all__ = [
@@ -131,6 +136,11 @@ IGNORED_HF_KEYS = frozenset(
 )
 
 _REQUIRED = object()
+
+MAX_MODEL_INT = 2**24
+"""Largest value of an integer field of a model (16,777,216)."""
+MAX_NUM_PARAMS = 1e15
+"""Largest ``official_num_params``."""
 
 
 def dtype_bytes(dtype: str, key: str = "dtype") -> float:
@@ -511,13 +521,10 @@ class _Reader:
                     f"{key}: required key {present}", self.source, line_of(self.text, (key,))
                 )
             return default
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"must be an integer >= {minimum}, got {value!r}")
-        if value < minimum:
-            raise self.error(key, f"must be >= {minimum}, got {value!r}")
-        return value
+        problem = number_problem(value, integer=True, ge=minimum, le=MAX_MODEL_INT)
+        if problem is not None:
+            raise self.error(key, problem)
+        return int(value)
 
     def bool_(self, key: str, default: bool) -> bool:
         self.used.add(key)
@@ -525,7 +532,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, got {value!r}")
+            raise self.error(key, f"must be true or false, got {format_value(value)}")
         return value
 
     def str_(self, key: str, default: Any = _REQUIRED) -> Any:
@@ -538,7 +545,7 @@ class _Reader:
                 )
             return default
         if not isinstance(value, str):
-            raise self.error(key, f"must be a string, got {value!r}")
+            raise self.error(key, f"must be a string, got {format_value(value)}")
         return value
 
 
@@ -568,13 +575,10 @@ def _spec_from_mapping(
     name = r.str_("name", default=default_name)
     description = r.str_("description", default="")
     official = data.get("official_num_params")
-    if isinstance(official, str):  # PyYAML reads 6.74e9 (no exponent sign) as a string
-        with contextlib.suppress(ValueError):
-            official = float(official)
-    if official is not None and (
-        isinstance(official, bool) or not isinstance(official, (int, float)) or official <= 0
-    ):
-        raise r.error("official_num_params", f"must be a number > 0, got {official!r}")
+    if official is not None:
+        problem = number_problem(official, gt=0, le=MAX_NUM_PARAMS)
+        if problem is not None:
+            raise r.error("official_num_params", problem)
     sources = data.get("sources") or {}
     if not isinstance(sources, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in sources.items()

@@ -22,32 +22,42 @@ import abc
 from collections import deque
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from batchsim.cost import BatchShape
 from batchsim.engine.kv_cache import KVCacheManager, num_blocks_for
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
+from batchsim.validation import (
+    MAX_BATCH_TOKENS,
+    MAX_MS,
+    MAX_REQUESTS,
+    FieldError,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+)
+from batchsim.yamlio import data_problem
 
 
 class SchedulerConfig(BaseModel):
     """The ``scheduler:`` block of an experiment. Policies read the keys they need."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     policy: str = "continuous"
     """static | dynamic | continuous | chunked_prefill, or ``package.module:Class``."""
-    max_num_seqs: int = Field(256, ge=1)
+    max_num_seqs: StrictInt = Field(256, ge=1, le=MAX_REQUESTS)
     """Batch cap B: most requests in one iteration (and, for request-level policies, in a batch)."""
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_batched_tokens: StrictInt = Field(8192, ge=1, le=MAX_BATCH_TOKENS)
     """Most new tokens in one iteration (B x S); the chunked-prefill token budget."""
-    max_wait_ms: float = Field(50.0, ge=0)
+    max_wait_ms: StrictFloat = Field(50.0, ge=0, le=MAX_MS)
     """dynamic: launch a batch when the oldest queued request has waited this long (ms)."""
-    padding: bool = True
+    padding: StrictBool = True
     """static/dynamic: pad prompts to the longest one and keep computing finished rows
     (naive batched generate); false packs tokens and skips finished rows."""
-    mix_prefill_decode: bool = False
+    mix_prefill_decode: StrictBool = False
     """continuous: false = an iteration with prefills runs no decodes (vLLM v0);
     true = prefills and decodes share the iteration (Orca selective batching)."""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
@@ -56,7 +66,16 @@ class SchedulerConfig(BaseModel):
     blocks to host memory (``engine.swap_space_gib``) and back before it resumes, paying the
     host link's transfer time; when the swap space is full it recomputes instead."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Free-form settings for out-of-tree policies (``package.module:Class``)."""
+    """Free-form settings for out-of-tree policies (``package.module:Class``): plain data
+    (strings, finite numbers, booleans, null, lists, mappings), bounded like a YAML file."""
+
+    @field_validator("options")
+    @classmethod
+    def _plain_bounded_data(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = data_problem(value)
+        if problem is not None:
+            raise FieldError(*problem)
+        return value
 
 
 class Scheduler(abc.ABC):

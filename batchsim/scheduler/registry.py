@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from types import ModuleType
@@ -47,11 +48,41 @@ def load_policy(name: str, key: str = "scheduler.policy") -> type[Scheduler]:
             f"{key}: unknown policy {name!r}; allowed: {allowed} | package.module:Class"
         )
     module_name, _, class_name = name.partition(":")
+    if not (_dotted(module_name) and _dotted(class_name)):
+        allowed = " | ".join(POLICIES)
+        raise ConfigError(
+            f"{key}: {name!r} is not a built-in policy or package.module:Class "
+            f"(dotted Python names on both sides of one ':'); built-in: {allowed}"
+        )
     try:
         module = _import_from_cwd_too(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{key}: cannot import module {module_name!r}: {exc}") from None
-    cls = getattr(module, class_name, None)
+        raise ConfigError(
+            f"{key}: cannot import module {module_name!r}: {_one_line(str(exc))}"
+        ) from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed while importing
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{key}: importing module {module_name!r} failed with {_one_line(what)}"
+        ) from None
+    cls: object = module
+    for part in class_name.split("."):
+        cls = getattr(cls, part, None)
     if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
+        if cls is None:
+            raise ConfigError(f"{key}: module {module_name!r} has no attribute {class_name!r}")
         raise ConfigError(f"{key}: {name!r} is not a batchsim.scheduler.Scheduler subclass")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise ConfigError(f"{key}: {name!r} is abstract (it does not implement {missing})")
     return cls
+
+
+def _dotted(text: str) -> bool:
+    """``a.b.c`` of Python identifiers."""
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -17,11 +17,12 @@ import numpy as np
 from pydantic import BeforeValidator, Field
 
 from batchsim.errors import ConfigError
-from batchsim.validation import ConfigModel
-from batchsim.workload.common import NonNegativeFinite, PositiveFinite, _describe_model
+from batchsim.validation import MAX_REQUESTS, ConfigModel, StrictFloat
+from batchsim.workload.common import PositiveSeconds, Rate, Seconds, _describe_model
 
-#: Refuse to generate more requests than this from ``duration_s`` alone (memory guard).
-MAX_GENERATED_REQUESTS = 200_000_000
+#: Backstop while drawing arrivals up to ``duration_s`` alone: the config already bounds the
+#: expected count (rate x duration_s) by MAX_REQUESTS; a draw this far above it stops.
+MAX_GENERATED_REQUESTS = 2 * MAX_REQUESTS
 
 
 class _ArrivalBase(ConfigModel):
@@ -57,7 +58,7 @@ class _ArrivalBase(ConfigModel):
         if n is None and expected > MAX_GENERATED_REQUESTS:
             raise ConfigError(
                 f"workload.duration_s={duration_s:g} at {self.mean_rate():g} req/s would "
-                f"generate about {expected:.3g} requests (limit {MAX_GENERATED_REQUESTS:.0e}); "
+                f"generate about {expected:.3g} requests (limit {MAX_GENERATED_REQUESTS:,}); "
                 "set workload.num_requests"
             )
         # Draw in chunks until past duration_s (or n arrivals): the streams are sequential, so
@@ -94,7 +95,7 @@ class PoissonArrival(_ArrivalBase):
     """Poisson process: exponential inter-arrival times with mean 1/rate (CV 1)."""
 
     process: Literal["poisson"] = "poisson"
-    rate: PositiveFinite = Field(description="requests/s (> 0)")
+    rate: Rate = Field(description="requests/s (> 0)")
 
     def mean_rate(self) -> float:
         return float(self.rate)
@@ -111,8 +112,10 @@ class GammaArrival(_ArrivalBase):
     """
 
     process: Literal["gamma"] = "gamma"
-    rate: PositiveFinite = Field(description="requests/s (> 0)")
-    cv: PositiveFinite = Field(description="coefficient of variation of inter-arrival times")
+    rate: Rate = Field(description="requests/s (> 0)")
+    cv: StrictFloat = Field(
+        ge=1e-3, le=1e3, description="coefficient of variation of inter-arrival times"
+    )
 
     def mean_rate(self) -> float:
         return float(self.rate)
@@ -126,7 +129,7 @@ class ConstantArrival(_ArrivalBase):
     """One request every 1/rate seconds exactly."""
 
     process: Literal["constant"] = "constant"
-    rate: PositiveFinite = Field(description="requests/s (> 0)")
+    rate: Rate = Field(description="requests/s (> 0)")
 
     def mean_rate(self) -> float:
         return float(self.rate)
@@ -142,9 +145,9 @@ class BurstArrival(_ArrivalBase):
     """
 
     process: Literal["burst"] = "burst"
-    rate: PositiveFinite = Field(description="requests/s during on periods (> 0)")
-    on_s: PositiveFinite = Field(description="length of an on period, s (> 0)")
-    off_s: NonNegativeFinite = Field(description="length of an off period, s (>= 0)")
+    rate: Rate = Field(description="requests/s during on periods (> 0)")
+    on_s: PositiveSeconds = Field(description="length of an on period, s (> 0)")
+    off_s: Seconds = Field(description="length of an off period, s (>= 0)")
 
     def mean_rate(self) -> float:
         return self.rate * self.on_s / (self.on_s + self.off_s)

@@ -16,9 +16,15 @@ from pydantic import Field, ValidationError, model_validator
 
 from batchsim.catalog import resolve
 from batchsim.errors import ConfigError
-from batchsim.validation import ConfigModel, FieldError, config_error_from_pydantic
+from batchsim.validation import (
+    MAX_REQUESTS,
+    ConfigModel,
+    FieldError,
+    StrictInt,
+    config_error_from_pydantic,
+)
 from batchsim.workload.arrivals import AllAtOnceArrival, ArrivalProcess
-from batchsim.workload.common import PositiveFinite
+from batchsim.workload.common import PositiveSeconds
 from batchsim.workload.distributions import LengthDist, TimeDist
 from batchsim.workload.traces import TraceConfig
 from batchsim.yamlio import line_of, read_mapping
@@ -35,15 +41,19 @@ class WorkloadConfig(ConfigModel):
     (in file order).
     """
 
-    num_requests: int | None = Field(default=None, ge=1, description="number of requests (>= 1)")
-    duration_s: PositiveFinite | None = Field(
+    num_requests: StrictInt | None = Field(
+        default=None, ge=1, le=MAX_REQUESTS, description="number of requests (>= 1)"
+    )
+    duration_s: PositiveSeconds | None = Field(
         default=None, description="no arrivals at or after this simulated time, s"
     )
     arrival: ArrivalProcess | None = Field(default=None, description="open-loop arrival process")
     prompt_tokens: LengthDist | None = Field(default=None, description="prompt length distribution")
     output_tokens: LengthDist | None = Field(default=None, description="output length distribution")
     trace: TraceConfig | None = Field(default=None, description="trace file to replay")
-    concurrency: int | None = Field(default=None, ge=1, description="closed loop: number of users")
+    concurrency: StrictInt | None = Field(
+        default=None, ge=1, le=MAX_REQUESTS, description="closed loop: number of users"
+    )
     think_time_ms: TimeDist | None = Field(
         default=None, description="closed loop: pause between a user's requests, ms (default 0)"
     )
@@ -90,6 +100,20 @@ class WorkloadConfig(ConfigModel):
         all_at_once = isinstance(self.arrival, AllAtOnceArrival)
         if all_at_once and self.num_requests is None and self.trace is None:
             raise FieldError("num_requests", "is required with arrival all_at_once")
+        if (
+            self.arrival is not None
+            and not all_at_once
+            and self.duration_s is not None
+            and self.num_requests is None
+        ):
+            expected = self.arrival.mean_rate() * self.duration_s
+            if expected > MAX_REQUESTS:
+                raise FieldError(
+                    "duration_s",
+                    f"x arrival rate ({self.arrival.mean_rate():g} req/s) must be <= "
+                    f"{MAX_REQUESTS:,} requests, got about {expected:.3g}; shorten it or set "
+                    "num_requests",
+                )
         return self
 
     @property

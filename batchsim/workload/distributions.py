@@ -19,8 +19,15 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
-from batchsim.validation import ConfigModel, FieldError
-from batchsim.workload.common import NonNegativeFinite, PositiveFinite, TokenCount, _describe_model
+from batchsim.validation import MAX_MS, MAX_TOKENS, ConfigModel, FieldError, StrictFloat
+from batchsim.workload.common import (
+    Millis,
+    PositiveMillis,
+    Sigma,
+    TokenCount,
+    TokenMean,
+    _describe_model,
+)
 from batchsim.workload.files import _mtime, _read_int_column, resolve_data_path
 from batchsim.workload.moments import (
     _LogNormal,
@@ -80,6 +87,11 @@ class _BoundedLength(_LengthBase):
         return self
 
 
+def _list_as_tuple(value: Any) -> Any:
+    """A YAML list for a tuple field (strict mode takes tuples only)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 class FixedLength(_LengthBase):
     """Every request has the same number of tokens."""
 
@@ -112,8 +124,10 @@ class NormalLength(_BoundedLength):
     """Normal(mean, std), rounded to the nearest integer and clipped to ``[min, max]``."""
 
     dist: Literal["normal"] = "normal"
-    mean: float = Field(allow_inf_nan=False, description="mean before rounding/clipping, tokens")
-    std: PositiveFinite = Field(description="standard deviation, tokens (> 0)")
+    mean: StrictFloat = Field(
+        ge=-MAX_TOKENS, le=MAX_TOKENS, description="mean before rounding/clipping, tokens"
+    )
+    std: TokenMean = Field(description="standard deviation, tokens (> 0)")
     min: TokenCount = Field(default=1, description="clip below, tokens (default 1)")
     max: TokenCount | None = Field(default=None, description="clip above, tokens (default none)")
 
@@ -135,8 +149,8 @@ class LognormalLength(_BoundedLength):
     """
 
     dist: Literal["lognormal"] = "lognormal"
-    mean: PositiveFinite = Field(description="mean of the (unclipped) token counts, tokens")
-    sigma: PositiveFinite = Field(description="standard deviation of ln(tokens) (> 0)")
+    mean: TokenMean = Field(description="mean of the (unclipped) token counts, tokens")
+    sigma: Sigma = Field(description="standard deviation of ln(tokens) (> 0, <= 10)")
     min: TokenCount = Field(default=1, description="clip below, tokens (default 1)")
     max: TokenCount | None = Field(default=None, description="clip above, tokens (default none)")
 
@@ -165,7 +179,7 @@ class ExponentialLength(_BoundedLength):
     """
 
     dist: Literal["exponential"] = "exponential"
-    mean: PositiveFinite = Field(description="mean of the exponential before truncation, tokens")
+    mean: TokenMean = Field(description="mean of the exponential before truncation, tokens")
     max: TokenCount | None = Field(default=None, description="redraw values above this, tokens")
     min: TokenCount = Field(default=1, description="clip below, tokens (default 1)")
 
@@ -204,7 +218,7 @@ class ZipfLength(_BoundedLength):
     """
 
     dist: Literal["zipf"] = "zipf"
-    theta: NonNegativeFinite = Field(description="exponent (>= 0; 0 = uniform)")
+    theta: StrictFloat = Field(ge=0, le=100, description="exponent (>= 0; 0 = uniform)")
     min: TokenCount = Field(default=1, description="smallest (most likely) value, tokens")
     max: TokenCount = Field(description="largest value, tokens")
 
@@ -243,7 +257,7 @@ class EmpiricalLength(_BoundedLength):
     """
 
     dist: Literal["empirical"] = "empirical"
-    values: tuple[TokenCount, ...] | None = Field(
+    values: Annotated[tuple[TokenCount, ...] | None, BeforeValidator(_list_as_tuple)] = Field(
         default=None, description="observed counts, tokens"
     )
     path: str | None = Field(default=None, description="file with the observed counts")
@@ -344,7 +358,7 @@ class FixedTime(_TimeBase):
     """The same duration every time."""
 
     dist: Literal["fixed"] = "fixed"
-    value: NonNegativeFinite = Field(description="ms (>= 0)")
+    value: Millis = Field(description="ms (>= 0)")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, float(self.value))
@@ -357,8 +371,8 @@ class UniformTime(_TimeBase):
     """Uniform on ``[min, max]`` milliseconds."""
 
     dist: Literal["uniform"] = "uniform"
-    min: NonNegativeFinite = Field(description="ms (>= 0)")
-    max: NonNegativeFinite = Field(description="ms (>= min)")
+    min: Millis = Field(description="ms (>= 0)")
+    max: Millis = Field(description="ms (>= min)")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> UniformTime:
@@ -378,7 +392,7 @@ class ExponentialTime(_TimeBase):
     """Exponential with the given mean (ms): memoryless, e.g. users' think times."""
 
     dist: Literal["exponential"] = "exponential"
-    mean: PositiveFinite = Field(description="ms (> 0)")
+    mean: PositiveMillis = Field(description="ms (> 0)")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.exponential(self.mean, size=n)
@@ -391,8 +405,8 @@ class LognormalTime(_TimeBase):
     """Log-normal with the given mean of the durations (ms) and ``sigma`` of their log."""
 
     dist: Literal["lognormal"] = "lognormal"
-    mean: PositiveFinite = Field(description="mean duration, ms")
-    sigma: PositiveFinite = Field(description="standard deviation of ln(duration)")
+    mean: PositiveMillis = Field(description="mean duration, ms")
+    sigma: Sigma = Field(description="standard deviation of ln(duration) (<= 10)")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         mu = math.log(self.mean) - 0.5 * self.sigma**2
@@ -406,8 +420,8 @@ class NormalTime(_TimeBase):
     """Normal(mean, std) in ms, negative draws clipped to 0."""
 
     dist: Literal["normal"] = "normal"
-    mean: float = Field(allow_inf_nan=False, description="ms before clipping at 0")
-    std: PositiveFinite = Field(description="ms (> 0)")
+    mean: StrictFloat = Field(ge=-MAX_MS, le=MAX_MS, description="ms before clipping at 0")
+    std: PositiveMillis = Field(description="ms (> 0)")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.maximum(rng.normal(self.mean, self.std, size=n), 0.0)

@@ -5,14 +5,20 @@ catalog), the column and number parsers shared by the trace readers
 (:mod:`batchsim.workload.traces`) and the cached integer-column reader of the ``empirical``
 length distribution. Every malformed value raises a :class:`~batchsim.errors.ConfigError`
 naming the file, the line and the value.
+
+Files are read by :func:`batchsim.yamlio.read_text` (UTF-8, at most 512 MiB, not empty) and
+hold at most :data:`~batchsim.validation.MAX_REQUESTS` data rows. Token counts are integers in
+[1, :data:`~batchsim.validation.MAX_TOKENS`]; times are finite, >= 0 and, relative to the first
+row, at most :data:`~batchsim.validation.MAX_SECONDS`.
 """
 
 from __future__ import annotations
 
 import csv
 import functools
+import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +26,8 @@ import numpy as np
 
 from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
-from batchsim.validation import format_value
+from batchsim.validation import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, format_value
+from batchsim.yamlio import read_text
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".txt")
 
@@ -55,24 +62,44 @@ def _mtime(path: Path) -> int:
     return path.stat().st_mtime_ns
 
 
-def _read_rows(path: str, shown: str) -> tuple[list[str], list[list[str]], list[int]]:
-    """Header, non-blank rows and their 1-based line numbers of a CSV file."""
+def read_data_text(path: str, shown: str) -> str:
+    """The text of a trace or data file (UTF-8, size-capped, not empty)."""
+    return read_text(Path(path), source=shown)
+
+
+def _check_row_count(count: int, shown: str, line: int) -> None:
+    if count > MAX_REQUESTS:
+        raise ConfigError(
+            f"more than {MAX_REQUESTS:,} data rows (the limit of one workload); cut the file",
+            shown,
+            line,
+        )
+
+
+def csv_rows(text: str, shown: str) -> Iterator[tuple[list[str], int]]:
+    """Non-blank CSV rows of ``text`` with their 1-based line numbers."""
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.reader(f)
-            header: list[str] | None = None
-            rows: list[list[str]] = []
-            lines: list[int] = []
-            for row in reader:
-                if not row or (len(row) == 1 and not row[0].strip()):
-                    continue
-                if header is None:
-                    header = [h.strip() for h in row]
-                    continue
-                rows.append(row)
-                lines.append(reader.line_num)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ConfigError(f"cannot read CSV: {exc}", shown) from exc
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            yield row, reader.line_num
+    except csv.Error as exc:
+        raise ConfigError(f"malformed CSV: {exc}", shown, reader.line_num) from None
+
+
+def _read_rows(text: str, shown: str) -> tuple[list[str], list[list[str]], list[int]]:
+    """Header, non-blank rows and their 1-based line numbers of a CSV text."""
+    header: list[str] | None = None
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    for row, line in csv_rows(text, shown):
+        if header is None:
+            header = [h.strip() for h in row]
+            continue
+        rows.append(row)
+        lines.append(line)
+        _check_row_count(len(rows), shown, line)
     if header is None or not rows:
         raise ConfigError("empty trace: no data rows", shown)
     return header, rows, lines
@@ -99,34 +126,46 @@ def _take(rows: list[list[str]], lines: list[int], idx: int, width: int, shown: 
 def _positive_ints(
     values: Sequence[Any], lines: Sequence[int], name: str, shown: str
 ) -> np.ndarray:
-    """Parse positive integers (integral floats like ``12.0`` accepted), vectorised."""
+    """Parse token counts: integers in [1, MAX_TOKENS] (integral floats like ``12.0`` accepted),
+    vectorised."""
     raw = np.asarray(values)
     arr: np.ndarray | None = None
-    integral_floats = raw.dtype.kind == "f" and bool(np.all(raw == np.rint(raw)))
-    if raw.dtype.kind in "iu" or integral_floats:
+    if raw.dtype.kind == "f":
+        finite = bool(np.all(np.isfinite(raw)))
+        in_range = finite and raw.size and raw.min() >= 1 and raw.max() <= MAX_TOKENS
+        if in_range and bool(np.all(raw == np.rint(raw))):
+            arr = raw.astype(np.int64)
+    elif raw.dtype.kind in "iu":
         arr = raw.astype(np.int64)
     elif raw.dtype.kind == "U":
-        try:  # strict: "12.5" and "abc" raise
+        try:  # strict: "12.5", "abc" and "1e23" raise
             arr = raw.astype(np.int64)
         except (ValueError, OverflowError):
             arr = None
-    if arr is not None and arr.size and arr.min() >= 1:
+    if arr is not None and arr.size and arr.min() >= 1 and arr.max() <= MAX_TOKENS:
         return arr
     for value, line in zip(values, lines, strict=True):
         if _as_positive_int(value) is None:
-            raise ConfigError(f"{name}: expected a positive integer, got {value!r}", shown, line)
-    # Every value is a positive integer but not in a form numpy parses (e.g. "12.0").
+            raise ConfigError(
+                f"{name}: expected a positive integer <= {MAX_TOKENS} (tokens), "
+                f"got {format_value(value)}",
+                shown,
+                line,
+            )
+    # Every value is a valid count but not in a form numpy parses (e.g. "12.0").
     return np.array([_as_positive_int(v) for v in values], dtype=np.int64)
 
 
 def _as_positive_int(value: Any) -> int | None:
+    """``value`` as a token count in [1, MAX_TOKENS], or None."""
+    number: int | None = None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if value >= 1 else None
-    if isinstance(value, float):
-        return int(value) if value.is_integer() and value >= 1 else None
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, float):
+        number = int(value) if value.is_integer() else None
+    elif isinstance(value, str):
         text = value.strip()
         try:
             number = int(text)
@@ -135,9 +174,10 @@ def _as_positive_int(value: Any) -> int | None:
                 real = float(text)
             except ValueError:
                 return None
-            return int(real) if math.isfinite(real) and real.is_integer() and real >= 1 else None
-        return number if number >= 1 else None
-    return None
+            number = int(real) if math.isfinite(real) and real.is_integer() else None
+    if number is None or not 1 <= number <= MAX_TOKENS:
+        return None
+    return number
 
 
 def _nonnegative_floats(
@@ -155,8 +195,23 @@ def _nonnegative_floats(
         except (TypeError, ValueError):
             number = math.nan
         if not (math.isfinite(number) and number >= 0):
-            raise ConfigError(f"{name}: expected a number >= 0, got {value!r}", shown, line)
+            raise ConfigError(
+                f"{name}: expected a finite number >= 0, got {format_value(value)}", shown, line
+            )
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_span(seconds: np.ndarray, lines: Sequence[int], name: str, shown: str) -> None:
+    """Arrival times relative to the first row (s) must not exceed MAX_SECONDS."""
+    over = np.flatnonzero(seconds > MAX_SECONDS)
+    if over.size:
+        i = int(over[0])
+        raise ConfigError(
+            f"{name}: {seconds[i]:.3g} s after the first row, more than the limit of "
+            f"{MAX_SECONDS:g} s",
+            shown,
+            lines[i],
+        )
 
 
 def _check_sorted(times: np.ndarray, lines: Sequence[int], name: str, shown: str) -> None:
@@ -171,44 +226,45 @@ def _check_sorted(times: np.ndarray, lines: Sequence[int], name: str, shown: str
         )
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=16)
 def _read_int_column(path: str, mtime: int, column: str | None, shown: str) -> np.ndarray:
     """Positive integers from one column of a text/CSV file (see :class:`EmpiricalLength`)."""
     values: list[str] = []
     lines: list[int] = []
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.reader(f)
-            index: int | None = None
-            width = 1
-            first = True
-            for row in reader:
-                if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-                    continue
-                if first:
-                    first = False
-                    if column is not None:
-                        header = [h.strip() for h in row]
-                        index = _column_index(header, column, shown)
-                        width = len(header)
-                        continue
-                    if len(row) == 1 and _as_positive_int(row[0]) is None:
-                        continue  # a header line
-                if column is None and len(row) != 1:
-                    raise ConfigError(
-                        f"expected one value per line, got {len(row)} fields "
-                        "(set column to pick one)",
-                        shown,
-                        reader.line_num,
-                    )
-                if len(row) != width and column is not None:
-                    raise ConfigError(
-                        f"expected {width} fields, got {len(row)}", shown, reader.line_num
-                    )
-                values.append(row[index if index is not None else 0])
-                lines.append(reader.line_num)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ConfigError(f"cannot read file: {exc}", shown) from exc
+    index: int | None = None
+    width = 1
+    first = True
+    for row, line in csv_rows(read_data_text(path, shown), shown):
+        if not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if first:
+            first = False
+            if column is not None:
+                header = [h.strip() for h in row]
+                index = _column_index(header, column, shown)
+                width = len(header)
+                continue
+            if len(row) == 1 and _as_positive_int(row[0]) is None and not _is_number(row[0]):
+                continue  # a header line
+        if column is None and len(row) != 1:
+            raise ConfigError(
+                f"expected one value per line, got {len(row)} fields (set column to pick one)",
+                shown,
+                line,
+            )
+        if len(row) != width and column is not None:
+            raise ConfigError(f"expected {width} fields, got {len(row)}", shown, line)
+        values.append(row[index if index is not None else 0])
+        lines.append(line)
+        _check_row_count(len(values), shown, line)
     if not values:
         raise ConfigError("no values in file", shown)
     out = _positive_ints(values, lines, column or "value", shown)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from batchsim.errors import ConfigError
+from batchsim.validation import MAX_MS, MAX_SECONDS, MAX_TOKENS
 from batchsim.workload.config import WorkloadConfig
 from batchsim.workload.traces import load_trace
 
@@ -53,6 +54,15 @@ class RequestTable:
     def num_requests(self) -> int:
         """Number of requests."""
         return len(self.prompt_tokens)
+
+
+def _check_drawn(values: np.ndarray, limit: float, key: str, unit: str, advice: str) -> None:
+    """A drawn value above ``limit`` is an error (never clipped silently)."""
+    if len(values) and values.max() > limit:
+        raise ConfigError(
+            f"{key}: a drawn value is {float(values.max()):.3g} {unit}, more than the limit of "
+            f"{limit:,g} {unit}; set a lower {advice}"
+        )
 
 
 def _child_rngs(seed: int) -> dict[str, np.random.Generator]:
@@ -100,6 +110,12 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
             arrival = trace.arrival_time[:limit] * cfg.trace.time_scale
             if cfg.duration_s is not None:
                 arrival = arrival[arrival < cfg.duration_s]
+            if len(arrival) and arrival[-1] > MAX_SECONDS:
+                raise ConfigError(
+                    f"workload.trace.time_scale={cfg.trace.time_scale:g} puts the last arrival of "
+                    f"trace {cfg.trace.path} at {arrival[-1]:.3g} s, more than the limit of "
+                    f"{MAX_SECONDS:g} s"
+                )
         n = len(arrival)
         prompt = trace.prompt_tokens[:n].copy()
         output = trace.output_tokens[:n].copy()
@@ -116,6 +132,8 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         n = len(arrival)
         prompt = cfg.prompt_tokens.sample(rngs["prompt"], n, base_dir)
         output = cfg.output_tokens.sample(rngs["output"], n, base_dir)
+        _check_drawn(prompt, MAX_TOKENS, "workload.prompt_tokens", "tokens", "max")
+        _check_drawn(output, MAX_TOKENS, "workload.output_tokens", "tokens", "max")
 
     if n == 0:
         raise ConfigError(
@@ -125,11 +143,15 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         )
     cancel = None
     if cfg.cancel_after_ms is not None:
-        cancel = cfg.cancel_after_ms.sample(rngs["cancel"], n) / 1000.0
+        cancel_ms = cfg.cancel_after_ms.sample(rngs["cancel"], n)
+        _check_drawn(cancel_ms, MAX_MS, "workload.cancel_after_ms", "ms", "mean or sigma")
+        cancel = cancel_ms / 1000.0
     think = None
     if closed:
         if cfg.think_time_ms is not None:
-            think = cfg.think_time_ms.sample(rngs["think"], n) / 1000.0
+            think_ms = cfg.think_time_ms.sample(rngs["think"], n)
+            _check_drawn(think_ms, MAX_MS, "workload.think_time_ms", "ms", "mean or sigma")
+            think = think_ms / 1000.0
         else:
             think = np.zeros(n)
     return RequestTable(

@@ -190,6 +190,11 @@ def _variance(m1: float, m2: float) -> float:
 
 
 def _round_clip(x: np.ndarray, lo: int, hi: int | None) -> np.ndarray:
+    """``clip(rint(x), lo, hi)`` as int64. Without ``hi``, values above ``2**62`` become
+    ``2**62`` so the cast cannot overflow; the caller rejects counts above its limit."""
     out = np.rint(x)
-    np.clip(out, lo, hi if hi is not None else None, out=out)
+    np.clip(out, lo, hi if hi is not None else _NO_OVERFLOW, out=out)
     return out.astype(np.int64)
+
+
+_NO_OVERFLOW = float(2**62)

@@ -9,7 +9,6 @@ Malformed rows, timestamps going backwards and empty files raise a
 
 from __future__ import annotations
 
-import csv
 import functools
 import json
 from dataclasses import dataclass
@@ -20,16 +19,19 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from batchsim.errors import ConfigError
-from batchsim.validation import ConfigModel, FieldError
-from batchsim.workload.common import PositiveFinite
+from batchsim.validation import ConfigModel, FieldError, StrictFloat, format_value
 from batchsim.workload.files import (
+    _check_row_count,
     _check_sorted,
+    _check_span,
     _column_index,
     _mtime,
     _nonnegative_floats,
     _positive_ints,
     _read_rows,
     _take,
+    csv_rows,
+    read_data_text,
     resolve_data_path,
 )
 
@@ -68,8 +70,8 @@ class TraceConfig(ConfigModel):
     format: Literal["azure", "mooncake", "csv"] | None = Field(
         default=None, description="azure | mooncake | csv (default: from the file)"
     )
-    time_scale: PositiveFinite = Field(
-        default=1.0, description="multiplies arrival times: 0.5 = twice as fast (> 0)"
+    time_scale: StrictFloat = Field(
+        default=1.0, gt=0, le=1e6, description="multiplies arrival times: 0.5 = twice as fast (> 0)"
     )
     columns: CsvColumns | None = Field(default=None, description="csv only: column names")
     time_unit: Literal["s", "ms"] | None = Field(
@@ -105,42 +107,55 @@ def load_trace(trace: TraceConfig, base_dir: Path | None = None) -> _Trace:
             backwards, or an empty trace.
     """
     resolved = resolve_data_path(trace.path, base_dir, "workload.trace.path")
-    fmt = trace.format or _infer_format(resolved, trace)
     cols = trace.columns or CsvColumns()
+    explicit_csv = trace.columns is not None or trace.time_unit is not None
     return _load_trace_cached(
-        str(resolved), _mtime(resolved), fmt, cols, trace.time_unit or "s", trace.path
+        str(resolved),
+        _mtime(resolved),
+        trace.format,
+        explicit_csv,
+        cols,
+        trace.time_unit or "s",
+        trace.path,
     )
 
 
-def _infer_format(path: Path, trace: TraceConfig) -> str:
-    if path.suffix in (".jsonl", ".json"):
+def _infer_format(path: str, text: str, explicit_csv: bool, shown: str) -> str:
+    if Path(path).suffix in (".jsonl", ".json"):
         return "mooncake"
-    if trace.columns is not None or trace.time_unit is not None:
+    if explicit_csv:
         return "csv"
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
+    header = next(csv_rows(text, shown), ([], 0))[0]
     names = {h.strip() for h in header}
     return "azure" if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names else "csv"
 
 
 @functools.lru_cache(maxsize=8)
 def _load_trace_cached(
-    path: str, mtime: int, fmt: str, cols: CsvColumns, time_unit: str, shown: str
+    path: str,
+    mtime: int,
+    fmt: str | None,
+    explicit_csv: bool,
+    cols: CsvColumns,
+    time_unit: str,
+    shown: str,
 ) -> _Trace:
+    text = read_data_text(path, shown)
+    fmt = fmt or _infer_format(path, text, explicit_csv, shown)
     if fmt == "mooncake":
-        out = _read_mooncake(path, shown)
+        out = _read_mooncake(text, shown)
     elif fmt == "azure":
-        out = _read_azure(path, shown)
+        out = _read_azure(text, shown)
     else:
-        out = _read_csv_trace(path, shown, cols, time_unit)
+        out = _read_csv_trace(text, shown, cols, time_unit)
     for arr in (out.arrival_time, out.prompt_tokens, out.output_tokens):
         if arr is not None:
             arr.setflags(write=False)
     return out
 
 
-def _read_azure(path: str, shown: str) -> _Trace:
-    header, rows, lines = _read_rows(path, shown)
+def _read_azure(text: str, shown: str) -> _Trace:
+    header, rows, lines = _read_rows(text, shown)
     width = len(header)
     i_ts, i_ctx, i_gen = (
         _column_index(header, name, shown)
@@ -158,17 +173,19 @@ def _read_azure(path: str, shown: str) -> _Trace:
     if bad.size:
         i = int(bad[0])
         raise ConfigError(
-            f"TIMESTAMP: expected a date-time like 2023-11-16 18:15:46.6805900, got {stamps[i]!r}",
+            "TIMESTAMP: expected a date-time like 2023-11-16 18:15:46.6805900, "
+            f"got {format_value(stamps[i])}",
             shown,
             lines[i],
         )
     seconds = ((parsed - parsed.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
     _check_sorted(seconds, lines, "TIMESTAMP", shown)
+    _check_span(seconds, lines, "TIMESTAMP", shown)
     return _Trace(seconds, prompt, output, None, "azure")
 
 
-def _read_csv_trace(path: str, shown: str, cols: CsvColumns, time_unit: str) -> _Trace:
-    header, rows, lines = _read_rows(path, shown)
+def _read_csv_trace(text: str, shown: str, cols: CsvColumns, time_unit: str) -> _Trace:
+    header, rows, lines = _read_rows(text, shown)
     width = len(header)
     i_p = _column_index(header, cols.prompt_tokens, shown)
     i_o = _column_index(header, cols.output_tokens, shown)
@@ -182,47 +199,52 @@ def _read_csv_trace(path: str, shown: str, cols: CsvColumns, time_unit: str) -> 
         if time_unit == "ms":
             arrival = arrival / 1000.0
         _check_sorted(arrival, lines, cols.arrival_time, shown)
+        _check_span(arrival, lines, cols.arrival_time, shown)
     return _Trace(arrival, prompt, output, None, "csv")
 
 
-def _read_mooncake(path: str, shown: str) -> _Trace:
+def _read_mooncake(text: str, shown: str) -> _Trace:
     stamps: list[Any] = []
     inputs: list[Any] = []
     outputs: list[Any] = []
     hashes: list[list[int]] = []
     lines: list[int] = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line_no, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"invalid JSON: {exc.msg}", shown, line_no) from None
-                if not isinstance(row, dict):
-                    raise ConfigError("expected a JSON object per line", shown, line_no)
-                for key in ("timestamp", "input_length", "output_length"):
-                    if key not in row:
-                        raise ConfigError(f"{key}: missing", shown, line_no)
-                ids = row.get("hash_ids", [])
-                if not isinstance(ids, list):
-                    raise ConfigError(f"hash_ids: expected a list, got {ids!r}", shown, line_no)
-                stamps.append(row["timestamp"])
-                inputs.append(row["input_length"])
-                outputs.append(row["output_length"])
-                hashes.append(ids)
-                lines.append(line_no)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read JSONL: {exc}", shown) from exc
+    for line_no, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"invalid JSON: {exc.msg}", shown, line_no) from None
+        except RecursionError:
+            raise ConfigError("invalid JSON: nested too deeply", shown, line_no) from None
+        if not isinstance(row, dict):
+            raise ConfigError("expected a JSON object per line", shown, line_no)
+        for key in ("timestamp", "input_length", "output_length"):
+            if key not in row:
+                raise ConfigError(f"{key}: missing", shown, line_no)
+        ids = row.get("hash_ids", [])
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise ConfigError(
+                f"hash_ids: expected a list of integers, got {format_value(ids)}", shown, line_no
+            )
+        stamps.append(row["timestamp"])
+        inputs.append(row["input_length"])
+        outputs.append(row["output_length"])
+        hashes.append(ids)
+        lines.append(line_no)
+        _check_row_count(len(lines), shown, line_no)
     if not lines:
         raise ConfigError("empty trace: no data rows", shown)
     prompt = _positive_ints(inputs, lines, "input_length", shown)
     output = _positive_ints(outputs, lines, "output_length", shown)
     for value, line in zip(stamps, lines, strict=True):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"timestamp: expected a number of ms, got {value!r}", shown, line)
+            raise ConfigError(
+                f"timestamp: expected a number of ms, got {format_value(value)}", shown, line
+            )
     ms = _nonnegative_floats(stamps, lines, "timestamp", shown)
     seconds = (ms - ms[0]) / 1000.0
     _check_sorted(seconds, lines, "timestamp", shown)
+    _check_span(seconds, lines, "timestamp", shown)
     return _Trace(seconds, prompt, output, hashes, "mooncake")
