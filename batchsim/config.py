@@ -36,7 +36,7 @@ from batchsim.validation import (
     format_value,
 )
 from batchsim.workload import WorkloadConfig
-from batchsim.yamlio import line_of, read_mapping
+from batchsim.yamlio import MAX_DEPTH, dump, line_of, loads, read_mapping
 
 MAX_NAME_CHARS = 100
 _NAME_PATTERN = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
@@ -147,10 +147,14 @@ def parse_override(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=8")
+    if not raw.strip():
+        return key, ""
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = loads(raw)  # the rules of experiment files: YAML 1.2 core schema, finite
+    except ConfigError as exc:
+        if exc.message.startswith("malformed YAML"):
+            return key, raw  # not YAML: the text itself (a path with ': ', ...)
+        raise ConfigError(f"--set {item}: {exc.message}") from None
     return key, value
 
 
@@ -337,7 +341,10 @@ def validate_experiment(
         overridden: Dotted keys set by overrides (errors about them name ``--set``, not a line).
     """
     base = base_dir if base_dir is not None else Path.cwd()
-    raw = copy.deepcopy(dict(data))
+    try:
+        raw = copy.deepcopy(dict(data))
+    except RecursionError:  # a Python object nested without end (files are checked on reading)
+        raise ConfigError(f"experiment: nesting deeper than {MAX_DEPTH} levels", source) from None
     _expand_workload(raw, base, source)
     _absolutize(raw, base)
     try:
@@ -346,7 +353,7 @@ def validate_experiment(
         err = config_error_from_pydantic(exc, "", None, model=ExperimentConfig)
         raise _located(err.message, source, text, overridden) from None
     try:
-        load_policy(config.scheduler.policy)
+        load_policy(config.scheduler.policy).check_config(config.scheduler)
     except ConfigError as exc:
         raise _located(exc.message, source, text, overridden) from None
     return config
@@ -489,5 +496,4 @@ def unused_scheduler_keys(config: ExperimentConfig, used: frozenset[str]) -> lis
 def dump_config(config: ExperimentConfig) -> str:
     """The resolved experiment as YAML, every default filled in (nulls included): enough to
     rerun it."""
-    data = config.model_dump(mode="json")
-    return yaml.safe_dump(data, sort_keys=False)
+    return dump(config.model_dump(mode="json"))

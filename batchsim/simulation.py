@@ -299,7 +299,6 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     engine_cfg = config.engine
     hardware = setup.hardware
     policy_cls = load_policy(config.scheduler.policy)
-    policy_cls.check_config(config.scheduler)
     window = setup.model.sliding_window
     kv = KVCacheManager(
         setup.num_gpu_blocks,

@@ -365,6 +365,60 @@ def test_validate_rejects_bad_input_like_run(tmp_path, capsys):
     assert_bad_input(cli.main(["validate", str(exp)]), capsys, ["scheduler.max_num_seqs"])
 
 
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_token_budget_below_the_batch_cap_is_refused_by_validate_and_run_alike(
+    tmp_path, capsys, command
+):
+    text = EXPERIMENT.replace("max_num_seqs: 8", "max_num_seqs: 8\n  max_num_batched_tokens: 4")
+    exp = write(tmp_path / "exp.yaml", text)
+    out = tmp_path / "out"
+    line = assert_bad_input(
+        cli.main([command, str(exp), "-o", str(out)] if command == "run" else [command, str(exp)]),
+        capsys,
+        [f"exp.yaml:{LINE['max_num_seqs'] + 1}:", "max_num_batched_tokens must be >= "],
+    )
+    assert "(8)" in line and not out.exists()
+
+
+def test_set_values_follow_the_rules_of_experiment_files(tmp_path, exp, capsys):
+    # YAML 1.2 core schema: 8e1 is a number, yes is a string (not true); non-finite is refused.
+    out = tmp_path / "out"
+    args = ["run", str(exp), "-o", str(out)]
+    assert cli.main([*args, "--set", "engine.swap_space_gib=8e1"]) == 0
+    assert read_summary(out)["config"]["engine"]["swap_space_gib"] == 80.0
+    capsys.readouterr()
+    line = assert_bad_input(
+        cli.main(["validate", str(exp), "--set", "scheduler.padding=yes"]),
+        capsys,
+        ["scheduler.padding", "true or false"],
+    )
+    assert "--set scheduler.padding=yes" in line
+    assert_bad_input(
+        cli.main(["validate", str(exp), "--set", "engine.cpu_overhead_ms=.nan"]),
+        capsys,
+        ["engine.cpu_overhead_ms"],
+    )
+
+
+def test_written_config_quotes_strings_that_look_like_numbers(tmp_path, exp):
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out), "--set", "name='1e3'"]) == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["name"] == "1e3"
+    assert cli.main(["run", str(out / "config.yaml"), "-o", str(tmp_path / "again")]) == 0
+
+
+def test_an_endlessly_nested_python_mapping_is_bad_input():
+    import batchsim
+
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(5000):
+        node["a"] = {}
+        node = node["a"]
+    with pytest.raises(batchsim.ConfigError, match="nesting"):
+        batchsim.run({"hardware": "a100-80gb", "model": "llama-2-7b", "workload": deep})
+
+
 def test_internal_error_exits_1_with_a_traceback(tmp_path, exp, monkeypatch, capsys):
     def broken(*args: Any, **kwargs: Any):
         raise RuntimeError("simulated bug")
