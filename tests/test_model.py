@@ -200,15 +200,9 @@ def test_kv_dtype_auto_follows_weights_but_int_weights_keep_fp16_cache() -> None
     assert spec.kv_bytes_per_token("auto", weight_dtype="fp8") == spec.kv_bytes_per_token("fp8")
 
 
-def test_mistral_sliding_window_caps_kv_cache_tokens() -> None:
-    spec = load_model("mistral-7b")
-    assert spec.sliding_window == 4096
-    assert spec.kv_cache_tokens(10_000) == 4096
-    assert spec.kv_cache_tokens(1000) == 1000
-
-
-def test_full_attention_models_keep_every_token() -> None:
-    assert load_model("llama-2-7b").kv_cache_tokens(10_000) == 10_000
+def test_sliding_window_is_read_where_the_model_uses_one() -> None:
+    assert load_model("mistral-7b").sliding_window == 4096
+    assert load_model("llama-2-7b").sliding_window is None
     # Qwen2.5 configs carry sliding_window but use_sliding_window is false.
     assert load_model("qwen2.5-7b").sliding_window is None
     assert load_model("mixtral-8x7b").sliding_window is None

@@ -461,15 +461,6 @@ class ModelSpec:
             return self.num_hidden_layers * per_layer
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
-    def kv_cache_tokens(self, context: int) -> int:
-        """Tokens of a ``context``-token sequence that stay in the KV cache.
-
-        ``min(context, sliding_window)`` for sliding-window models, else ``context``.
-        """
-        if self.sliding_window is not None:
-            return min(context, self.sliding_window)
-        return context
-
     def summary(self) -> dict[str, Any]:
         """Key numbers for ``batchsim list models`` (units in the key names)."""
         return {
