@@ -36,20 +36,19 @@ from batchsim.scheduler.interface import SchedulerConfig
 from batchsim.validation import format_value
 from batchsim.workload import generate
 from batchsim.workload.config import parse_workload
+from conftest import tiny_experiment
 
-BASE: dict[str, Any] = {
-    "name": "inputs",
-    "seed": 1,
-    "hardware": "a100-80gb",
-    "model": "llama-2-7b",
-    "scheduler": {"policy": "continuous", "max_num_seqs": 8},
-    "workload": {
+BASE: dict[str, Any] = tiny_experiment(
+    name="inputs",
+    seed=1,
+    scheduler={"max_num_seqs": 8},
+    workload={
         "num_requests": 12,
         "arrival": {"process": "poisson", "rate": 10.0},
         "prompt_tokens": {"dist": "uniform", "min": 16, "max": 64},
         "output_tokens": {"dist": "uniform", "min": 2, "max": 8},
     },
-}
+)
 EXPERIMENT = yaml.safe_dump(BASE, sort_keys=False)
 TRACE_EXPERIMENT = """\
 name: inputs-trace
