@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 import os
 import traceback
 from collections.abc import Callable
@@ -265,7 +266,7 @@ class Engine:
     def _timer(self, now: float) -> float | None:
         timer = self._call("next_timer", self.scheduler.next_timer, now)
         bad = timer is not None and (
-            not isinstance(timer, (int, float)) or not now < timer < math.inf
+            not isinstance(timer, numbers.Real) or not now < timer < math.inf
         )
         if self.guarded and bad:
             raise self._broke(
@@ -399,7 +400,7 @@ class Engine:
             if id(request) in seen:
                 raise self._broke(f"schedule() scheduled request {rid} twice")
             seen.add(id(request))
-            if isinstance(q, bool) or not isinstance(q, int) or q < 1:
+            if isinstance(q, bool) or not isinstance(q, numbers.Integral) or q < 1:
                 raise self._broke(
                     f"schedule() scheduled {q!r} tokens for request {rid}; each scheduled "
                     "request computes an integer number of tokens >= 1"
