@@ -275,14 +275,17 @@ class Engine:
             )
         return timer
 
-    def _next_event_time(self, now: float) -> float:
+    def _next_external_time(self) -> float:
+        """The next arrival or cancellation (inf if none is known)."""
         t = self.source.next_time()
         if self._cancels:
             t = min(t, self._cancels[0][0])
-        timer = self._timer(now)
-        if timer is not None:
-            t = min(t, timer)
         return t
+
+    def _next_event_time(self, now: float) -> float:
+        t = self._next_external_time()
+        timer = self._timer(now)
+        return t if timer is None else min(t, timer)
 
     def _step_loop(self):  # a SimPy process
         env = self.env
@@ -305,10 +308,8 @@ class Engine:
                     if scheduler.has_unfinished_requests():
                         self._stuck()
                     return
-                external = source.next_time()
-                if self._cancels:
-                    external = min(external, self._cancels[0][0])
-                idle_wakeups = idle_wakeups + 1 if wake < external else 0  # the timer's
+                timer_only = wake < self._next_external_time()
+                idle_wakeups = idle_wakeups + 1 if timer_only else 0
                 if idle_wakeups > MAX_IDLE_WAKEUPS:
                     raise self._broke(
                         f"woke the engine {MAX_IDLE_WAKEUPS:,} times in a row on its timer "
