@@ -11,6 +11,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from batchsim import simulation
 from batchsim.engine.engine import Engine
@@ -20,6 +21,10 @@ from batchsim.scheduler.interface import Scheduler, SchedulerConfig
 from batchsim.scheduler.output import StepTimes
 from batchsim.scheduler.registry import POLICIES
 from batchsim.simulation import Result
+
+# A falsifying example comes with the @reproduce_failure decorator that replays it exactly.
+settings.register_profile("batchsim", print_blob=True)
+settings.load_profile("batchsim")
 
 SUMMARY_KEYS = {
     # vLLM benchmark_serving names
