@@ -266,7 +266,7 @@ class Engine:
     def _timer(self, now: float) -> float | None:
         timer = self._call("next_timer", self.scheduler.next_timer, now)
         bad = timer is not None and (
-            not isinstance(timer, numbers.Real) or not now < timer < math.inf
+            not isinstance(timer, numbers.Real) or not now < float(timer) < math.inf
         )
         if self.guarded and bad:
             raise self._broke(
