@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from typing import Any
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
-from batchsim.metrics.logs import inter_token_gaps
+from batchsim.metrics.logs import RunTable, inter_token_gaps
 from batchsim.scheduler.interface import Scheduler
 from conftest import tiny_experiment
 
@@ -104,40 +105,51 @@ def test_mean_itl_is_the_time_after_the_first_token_over_the_tokens_after_it():
     )
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    data=st.data(),
-    num_iterations=st.integers(1, 60),
-    num_requests=st.integers(0, 6),
-)
-def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(
-    data, num_iterations, num_requests
-):
-    ends = np.cumsum(
-        data.draw(st.lists(st.floats(0.001, 3.0), min_size=num_iterations, max_size=num_iterations))
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), num_requests=st.integers(0, 6))
+def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(data, num_requests):
+    # A random iteration log: runs of back-to-back iterations of one duration, sometimes
+    # after an idle gap; random requests sampling at random sets of iterations.
+    runs = data.draw(
+        st.lists(
+            st.tuples(st.integers(1, 6), st.floats(0.001, 2.0), st.sampled_from([0.0, 0.5])),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    ends: list[float] = []  # per iteration, brute force
+    run_starts: list[float] = []
+    t = 0.0
+    for steps, duration, idle in runs:
+        run_starts.append(t + idle)
+        for k in range(steps):
+            ends.append((run_starts[-1] + duration * k) + duration)
+        t = ends[-1]
+    steps = np.array([r[0] for r in runs])
+    table = RunTable(
+        np.cumsum(steps) - steps, steps, np.array(run_starts), np.array([r[1] for r in runs])
     )
     expected: list[float] = []
-    firsts: list[int] = []
-    lasts: list[int] = []
+    first: list[int] = []
+    last: list[int] = []
     is_first: list[bool] = []
     for _ in range(num_requests):
-        iterations = sorted(data.draw(st.sets(st.integers(0, num_iterations - 1), min_size=1)))
-        expected += np.diff(ends[iterations]).tolist()
-        start = iterations[0]  # runs of consecutive iterations
-        for prev, cur in zip(iterations, [*iterations[1:], None]):
+        sampled = sorted(data.draw(st.sets(st.integers(0, len(ends) - 1), min_size=1)))
+        expected += [ends[j] - ends[i] for i, j in itertools.pairwise(sampled)]
+        begin = sampled[0]  # token runs: consecutive iterations
+        for prev, cur in zip(sampled, [*sampled[1:], None]):
             if cur != prev + 1:
-                firsts.append(start)
-                lasts.append(prev)
-                is_first.append(start == iterations[0])
-                start = cur
+                first.append(begin)
+                last.append(prev)
+                is_first.append(begin == sampled[0])
+                begin = cur
     values, weights = inter_token_gaps(
-        np.array(firsts, dtype=np.int64),
-        np.array(lasts, dtype=np.int64),
+        np.array(first, dtype=np.int64),
+        np.array(last, dtype=np.int64),
         np.array(is_first, dtype=bool),
-        ends,
+        table,
     )
-    got = np.repeat(values, weights)
-    np.testing.assert_allclose(np.sort(got), np.sort(expected), rtol=1e-12)
+    np.testing.assert_allclose(np.sort(np.repeat(values, weights)), np.sort(expected), rtol=1e-9)
 
 
 def test_a_saturated_engine_is_busy_for_the_whole_counted_span():

@@ -331,10 +331,12 @@ class IterationLog:
         data["bound"] = np.where(data["compute_bound"], "compute", "memory").astype(object)
         return data
 
-    def end_times(self) -> np.ndarray:
-        """When each iteration ended (s), in order."""
-        parts = [w["end_time_s"] for w in self.windows()]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    def run_table(self) -> RunTable:
+        """Where each run starts (iteration index and time) and its length and duration."""
+        runs = self._runs
+        steps = runs.column("num_steps").astype(np.int64)
+        first = np.cumsum(steps) - steps
+        return RunTable(first, steps, runs.column("start_time_s"), runs.column("duration_s"))
 
     def totals(self, lo: float = -math.inf, hi: float = math.inf) -> dict[str, float]:
         """Sums over the iterations that start in [lo, hi), for the summary.
@@ -522,24 +524,66 @@ class RequestLog:
         return first, last, is_first
 
 
+class RunTable:
+    """The runs of an :class:`IterationLog` as arrays: iteration k of run r starts at
+    ``start[r] + duration[r] x k`` and ends ``duration[r]`` later (the expressions of the
+    expanded table, so times computed here equal its ``end_time_s`` exactly)."""
+
+    def __init__(
+        self, first: np.ndarray, steps: np.ndarray, start: np.ndarray, duration: np.ndarray
+    ):
+        self.first = first
+        self.steps = steps
+        self.start = start
+        self.duration = duration
+
+    def end_times(self, iterations: np.ndarray) -> np.ndarray:
+        """When the given iterations (indices) ended."""
+        run = np.searchsorted(self.first, iterations, side="right") - 1
+        k = (iterations - self.first[run]).astype(float)
+        duration = self.duration[run]
+        return (self.start[run] + duration * k) + duration
+
+
 def inter_token_gaps(
-    first: np.ndarray, last: np.ndarray, is_first: np.ndarray, end_times: np.ndarray
+    first: np.ndarray, last: np.ndarray, is_first: np.ndarray, runs: RunTable
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every inter-token gap of some requests, as (gap values, weights) in seconds.
 
-    A request's tokens came at the ends of the iterations of its runs ``first[k]..last[k]``
-    (consecutive iterations); each token after the first contributes the time since the
-    request's previous token: within a run the gap of iteration i is ``end[i] - end[i-1]``,
-    and a run that is not its request's first starts with ``end[first] - end[previous
-    last]``. Gaps inside runs are pooled per iteration with a count (the number of runs that
-    contain it), so the sample is exact and its size bounded by the iterations.
+    A request's tokens came at the ends of the iterations of its token runs
+    ``first[k]..last[k]`` (consecutive iterations); each token after its first contributes
+    the time since the request's previous token. A run that is not its request's first starts
+    with ``end[first] - end[previous last]``; inside a run, the gap at iteration i is
+    ``end[i] - end[i - 1]``, which inside a run of the iteration log (back-to-back iterations
+    of one duration) is that duration. So gaps are pooled per log run with a count, and the
+    sample grows with runs and token runs, not with iterations.
     """
-    boundary = end_times[first[~is_first]] - end_times[last[np.flatnonzero(~is_first) - 1]]
-    inner = last > first
-    n = len(end_times) + 1
-    counts = np.bincount(first[inner] + 1, minlength=n) - np.bincount(last[inner] + 1, minlength=n)
-    weights = np.cumsum(counts[:-1])
-    used = np.flatnonzero(weights)
-    steps = end_times[used] - end_times[used - 1]
-    values = np.concatenate((boundary, steps))
-    return values, np.concatenate((np.ones(len(boundary), dtype=np.int64), weights[used]))
+    not_first = np.flatnonzero(~is_first)
+    boundary = runs.end_times(first[not_first]) - runs.end_times(last[not_first - 1])
+    # covered(x): pairs (token run, iteration i) with first < i <= min(x, last), i.e. the
+    # gaps inside token runs that end at iteration x or earlier.
+    firsts, lasts = np.sort(first), np.sort(last)
+    sum_first = np.concatenate(([0], np.cumsum(firsts)))
+    sum_last = np.concatenate(([0], np.cumsum(lasts)))
+
+    def covered(x: np.ndarray) -> np.ndarray:
+        nf = np.searchsorted(firsts, x, side="left")  # token runs with first < x
+        nl = np.searchsorted(lasts, x, side="left")  # ... and those with last < x
+        return (nf * x - sum_first[nf]) - (nl * x - sum_last[nl])
+
+    a, n = runs.first, runs.steps
+    at_first = covered(a) - covered(a - 1)  # gaps ending at each log run's first iteration
+    inside = covered(a + n - 1) - covered(a)  # ... and at its later iterations
+    head = np.flatnonzero(at_first)
+    head_gaps = runs.end_times(a[head]) - runs.end_times(a[head] - 1)
+    body = np.flatnonzero(inside)
+    values = np.concatenate((boundary, head_gaps, runs.duration[body]))
+    weights = np.concatenate((np.ones(len(boundary), np.int64), at_first[head], inside[body]))
+    return values, weights
+
+
+def tokens_per_iteration(first: np.ndarray, last: np.ndarray, iterations: np.ndarray) -> np.ndarray:
+    """How many tokens the token runs ``first..last`` sampled at each of ``iterations``."""
+    began = np.searchsorted(np.sort(first), iterations, side="right")  # first <= i
+    ended = np.searchsorted(np.sort(last), iterations, side="left")  # last < i
+    return began - ended

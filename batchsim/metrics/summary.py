@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from batchsim.metrics.logs import Columns, IterationLog, RequestLog, inter_token_gaps
+from batchsim.metrics.logs import (
+    Columns,
+    IterationLog,
+    RequestLog,
+    inter_token_gaps,
+    tokens_per_iteration,
+)
 
 
 def _rows(table: Columns, mask: np.ndarray) -> Columns:
@@ -128,12 +134,12 @@ def summarize(
     out.update(_stats("ttft", done["ttft_ms"]))
     tpot = done["tpot_ms"]
     out.update(_stats("tpot", tpot[~np.isnan(tpot)]))
-    end_times = iterations.end_times()
+    runs = iterations.run_table()
     first, last, is_first = request_log.token_segments(counted & (requests["status"] == "finished"))
-    itl_value, itl_count = inter_token_gaps(first, last, is_first, end_times)
+    itl_value, itl_count = inter_token_gaps(first, last, is_first, runs)
     out.update(_stats("itl", itl_value * 1e3, itl_count))
     out.update(_stats("e2el", done["e2el_ms"]))
-    out.update(_peaks(done, first, last, end_times))
+    out.update(_peaks(done, first, last, iterations))
 
     it = iterations.totals(t0, t1)
     num_iter = it["num_counted"]
@@ -165,7 +171,7 @@ def summarize(
 
 
 def _peaks(
-    done: Columns, first: np.ndarray, last: np.ndarray, end_times: np.ndarray
+    done: Columns, first: np.ndarray, last: np.ndarray, iterations: IterationLog
 ) -> dict[str, float]:
     """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: in one-second
     buckets from the first finished request's arrival, the most tokens sampled (first tokens
@@ -174,14 +180,17 @@ def _peaks(
     if not len(done["status"]):
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     origin = float(done["arrival_time_s"].min())
-    n = len(end_times) + 1
-    tokens = np.cumsum(np.bincount(first, minlength=n) - np.bincount(last + 1, minlength=n))[:-1]
-    sampled = np.flatnonzero(tokens)
-    buckets = np.floor(end_times[sampled] - origin).astype(np.int64)
-    per_second = np.bincount(buckets, weights=tokens[sampled]) if sampled.size else np.zeros(1)
-    begin = np.floor(done["arrival_time_s"] - origin).astype(np.int64)
     finish = np.floor(done["finish_time_s"] - origin).astype(np.int64)
     size = int(finish.max()) + 2
+    per_second = np.zeros(size)
+    for window in iterations.windows():
+        tokens = tokens_per_iteration(first, last, window["iteration"])
+        sampled = np.flatnonzero(tokens)
+        if sampled.size:
+            buckets = np.floor(window["end_time_s"][sampled] - origin).astype(np.int64)
+            inside = (buckets >= 0) & (buckets < size)
+            per_second += np.bincount(buckets[inside], tokens[sampled][inside], minlength=size)
+    begin = np.floor(done["arrival_time_s"] - origin).astype(np.int64)
     in_flight = np.cumsum(
         np.bincount(begin, minlength=size) - np.bincount(finish + 1, minlength=size)
     )
