@@ -164,7 +164,8 @@ def summarize(
             "compute_bound_fraction": it["num_compute_bound"] / num_iter if num_iter else 0.0,
             "max_kv_cache_usage": it["max_kv_cache_usage"],
             "cpu_overhead_fraction": it["cpu_time_ms"] / it["duration_ms"] if num_iter else 0.0,
-            "busy_fraction": it["busy_s"] / duration if duration > 0 else 0.0,
+            # covered time cannot exceed the span; a sum of many iterations can by rounding
+            "busy_fraction": min(1.0, it["busy_s"] / duration) if duration > 0 else 0.0,
         }
     )
     return out
