@@ -91,9 +91,11 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
-StrictInt = Annotated[int, BeforeValidator(_whole_number), Strict()]
+# Strict() constrains the int/float schema itself; the before-validator wraps it (pydantic
+# 2.6 cannot apply Strict() to a function-before schema).
+StrictInt = Annotated[int, Strict(), BeforeValidator(_whole_number)]
 """An integer: ints and whole floats (``1e6``); not booleans, strings or 1.5."""
-StrictFloat = Annotated[float, BeforeValidator(_plain_number), Strict(), AllowInfNan(False)]
+StrictFloat = Annotated[float, Strict(), AllowInfNan(False), BeforeValidator(_plain_number)]
 """A finite number: ints and floats; not booleans, strings, nan or inf."""
 StrictBool = Annotated[bool, Strict()]
 """``true`` or ``false``; not 1, 'yes' or 'true'."""

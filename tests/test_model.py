@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from batchsim.catalog import catalog_dir, catalog_names
@@ -422,6 +422,8 @@ def test_any_bad_size_is_rejected_naming_its_key(
     tmp_path_factory: pytest.TempPathFactory, key: str, value: Any, as_json: bool
 ) -> None:
     # Integer fields are integers in [1, 2^24], in a model YAML and in a config.json alike.
+    # (null num_key_value_heads means as many KV heads as query heads, as in HF configs)
+    assume(not (value is None and key == "num_key_value_heads"))
     raw = {k: v for k, v in _raw("llama-2-7b").items() if k != "sources"}
     raw[key] = value
     directory = tmp_path_factory.mktemp("models") / f"m{next(_files)}"

@@ -840,7 +840,8 @@ def test_any_non_finite_or_huge_time_parameter_is_rejected_naming_it(
         ({"num_requests": 1.5}, "workload.num_requests must be an integer, got 1.5"),
         ({"num_requests": True}, "workload.num_requests must be an integer, got true"),
         ({"output_tokens": 2**24 + 1}, "workload.output_tokens.value must be <= 16777216"),
-        ({"output_tokens": 1e20}, "workload.output_tokens.value must be <= 16777216, got 1e+20"),
+        # (the value is echoed as 1e+20 or as 100000000000000000000 by pydantic's version)
+        ({"output_tokens": 1e20}, "workload.output_tokens.value must be <= 16777216, got 1"),
         ({"duration_s": 1e10, "num_requests": None}, "workload.duration_s must be <= 1000000000"),
         (
             {"duration_s": 2e6, "num_requests": None},
