@@ -343,7 +343,7 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
     summary["num_gpu_blocks"] = kv.num_blocks
     summary["kv_cache_capacity_tokens"] = kv.capacity_tokens
     summary["wall_time_s"] = time.perf_counter() - wall_start
-    summary["config"] = config.model_dump(mode="json", exclude_none=True)
+    summary["config"] = config.model_dump(mode="json")  # as config.yaml: every key
     notes = [
         f"scheduler.{key} is not used by policy {config.scheduler.policy}"
         for key in unused_scheduler_keys(config, policy_cls.config_keys)

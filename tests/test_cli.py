@@ -925,3 +925,11 @@ def test_python_dash_m_batchsim_is_the_batchsim_command(tmp_path, capsys):
     proc = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.startswith("usage: batchsim")
+
+
+def test_summary_config_is_the_written_config_yaml(tmp_path, exp):
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out)]) == 0
+    written = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    assert read_summary(out)["config"] == written
+    assert written["engine"]["max_model_len"] is None  # nulls included in both
