@@ -39,7 +39,11 @@ import pandas as pd
 
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile, load_hardware
 from batchsim.catalog.model import load_model
-from batchsim.cost import RooflineCostModel
+from batchsim.cost import OpCost, RooflineCostModel
+from batchsim.cost.comm import ring_all_reduce_link_bytes, ring_all_reduce_time
+from batchsim.cost.costs import CostSum
+from batchsim.cost.gemm import Gemm
+from batchsim.cost.layers import ElementwiseKernel, activation_flops
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "reference" / "measured"
@@ -105,6 +109,41 @@ def load_layer_ops(data: Path) -> pd.DataFrame:
     return out
 
 
+def layer_breakdown(cm: RooflineCostModel, num_tokens: int) -> dict[str, OpCost]:
+    """Per-layer costs of the token-wise kernels of one dense layer for ``num_tokens`` rows,
+    on one GPU, priced by the cost model's own GEMM and elementwise models.
+
+    Keys: ``qkv_proj``, ``o_proj``, ``mlp_up``, ``mlp_down``, ``mlp_act``, ``norms`` (both
+    norms), ``rope``, ``add`` (the measured ops are per kernel; the simulator sums them).
+    """
+    t, layers = float(num_tokens), cm.layers
+
+    def gemms(shapes: Iterable[Gemm]) -> OpCost:
+        acc = CostSum()
+        cm.gemm.add(acc, shapes, t, 1.0)
+        return acc.op()
+
+    def elementwise(elems: float, flops: float, launches: int) -> OpCost:
+        acc = CostSum()
+        acc.add(cm.elementwise.price(elems, flops, launches))
+        return acc.op()
+
+    def kernel(k: ElementwiseKernel) -> OpCost:
+        return elementwise(t * k.elems, t * k.flops, k.launches)
+
+    act = t * layers.activation_width * layers.gate_factor
+    return {
+        "qkv_proj": gemms(layers.qkv),
+        "o_proj": gemms(layers.o),
+        "mlp_up": gemms(layers.dense_mlp[:1]),
+        "mlp_down": gemms(layers.dense_mlp[1:]),
+        "mlp_act": elementwise(act, activation_flops(act), 1),
+        "norms": kernel(layers.norms),
+        "rope": kernel(layers.rope),
+        "add": kernel(layers.residual_add),
+    }
+
+
 def predict_layer_ops(ops: pd.DataFrame, hw: HardwareProfile) -> pd.DataFrame:
     """Model's per-layer time (s) of every fine op for every measured row."""
     models = {name: load_model(spec) for name, spec in MODELS.items()}
@@ -114,7 +153,7 @@ def predict_layer_ops(ops: pd.DataFrame, hw: HardwareProfile) -> pd.DataFrame:
         key = (model, int(tp))
         if key not in cms:
             cms[key] = RooflineCostModel(models[model], hw, tp=int(tp))
-        bd = cms[key].layer_breakdown(int(tokens))
+        bd = layer_breakdown(cms[key], int(tokens))
         row = {k: v.time for k, v in bd.items()}
         row.update({f"{k}:flops": v.flops for k, v in bd.items()})
         row.update({f"{k}:bytes": v.bytes for k, v in bd.items()})
@@ -258,7 +297,7 @@ def load_all_reduce(data: Path) -> pd.DataFrame:
 def fit_all_reduce(ar: pd.DataFrame, link_bw: float) -> tuple[float, float, pd.DataFrame]:
     """Fit t = latency + 2(n-1)/n * bytes / (link_bw * eff) over messages <= 64 MiB."""
     sel = ar[ar.bytes <= 64 * 2**20]
-    x = 2.0 * (sel.num_workers - 1) / sel.num_workers * sel.bytes
+    x = ring_all_reduce_link_bytes(sel.bytes, sel.num_workers)
     # least squares on relative error: weight 1/t
     w = 1.0 / sel.measured_s
     a = np.vstack([np.ones(len(x)), x]).T * w.to_numpy()[:, None]
@@ -270,7 +309,7 @@ def fit_all_reduce(ar: pd.DataFrame, link_bw: float) -> tuple[float, float, pd.D
 
 def all_reduce_points(sel: pd.DataFrame, latency: float, bw: float) -> pd.DataFrame:
     out = sel.copy()
-    out["predicted_s"] = latency + 2.0 * (out.num_workers - 1) / out.num_workers * out.bytes / bw
+    out["predicted_s"] = ring_all_reduce_time(out.bytes, out.num_workers, bw, latency)
     out["err_pct"] = (out.predicted_s / out.measured_s - 1.0) * 100.0
     return out
 

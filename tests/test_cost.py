@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from batchsim.catalog.hardware import load_hardware
 from batchsim.catalog.model import load_model
 from batchsim.cost import OP_NAMES, BatchShape, RooflineCostModel
-from batchsim.cost.model import vceil, vmax
+from batchsim.cost.attention import split_context
+from batchsim.cost.costs import vmax
 from batchsim.errors import ConfigError
 
 A100_BW = 2.039e12
@@ -43,11 +44,9 @@ def ideal7b(llama7b, a100):
 # --------------------------------------------------------------------------- helpers
 
 
-def test_vmax_and_vceil_keep_python_floats_and_dispatch_on_arrays():
+def test_vmax_keeps_python_floats_and_dispatches_on_arrays():
     assert type(vmax(1.0, 2.0)) is float and vmax(1.0, 2.0) == 2.0
-    assert type(vceil(2.1)) is float and vceil(2.1) == 3.0
     np.testing.assert_array_equal(vmax(np.array([1.0, 3.0]), 2.0), [2.0, 3.0])
-    np.testing.assert_array_equal(vceil(np.array([0.5, 2.0])), [1.0, 2.0])
 
 
 # --------------------------------------------------------------------------- batch shapes
@@ -409,7 +408,7 @@ def test_calibrated_time_is_never_below_the_ideal_roofline(cm7b, ideal7b, b, con
 
 def test_mixed_batch_context_is_split_exactly_between_decodes_and_one_chunk(cm7b):
     shape = BatchShape.from_requests([1, 1, 1, 300], [500, 700, 900, 1200])
-    ctx_d, ctx_p, pairs_p = cm7b._split_context(
+    ctx_d, ctx_p, pairs_p = split_context(
         shape.num_seqs, shape.num_decode_tokens, 300, shape.kv_read_tokens, shape.attn_pairs
     )
     assert ctx_d == pytest.approx(2100)
@@ -419,8 +418,8 @@ def test_mixed_batch_context_is_split_exactly_between_decodes_and_one_chunk(cm7b
 
 def test_small_decode_batches_split_the_kv_cache_over_the_sms(cm7b):
     # 1 request x 32 KV heads = 32 CTAs on 108 SMs: split-KV spreads a long context
-    assert cm7b._num_splits(32, 32) > 1
-    assert cm7b._num_splits(32 * 32, 32) == 1  # 32 requests fill the SMs: no split
+    assert cm7b.attention.num_splits(32, 32) > 1
+    assert cm7b.attention.num_splits(32 * 32, 32) == 1  # 32 requests fill the SMs: no split
     one = cm7b.attention_kernel(1, 1, 4000, 4001).time
     unsplit_stream = 4000 * 2 * 128 * 2 / (cm7b.hardware.memory_bandwidth / 108 * 1.19)
     assert one < unsplit_stream  # far faster than one CTA per head streaming 4000 tokens

@@ -1,0 +1,61 @@
+"""Communication between GPUs: the ring all-reduce of tensor parallelism.
+
+Owns the ring all-reduce formula, ``t = latency + 2 (n-1)/n x bytes / link_bandwidth`` for
+``n`` GPUs (:func:`ring_all_reduce_time`), and :class:`AllReducePricing`, which applies it to
+the two all-reduces per layer of tensor parallelism. The functions take numbers or arrays.
+
+Must not import anything from batchsim but :mod:`batchsim.cost.costs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchsim.cost.costs import ACT_BYTES, ZERO_OP, OpCost
+
+__all__ = ["AllReducePricing", "ring_all_reduce_link_bytes", "ring_all_reduce_time"]
+
+
+def ring_all_reduce_link_bytes(num_bytes: Any, num_gpus: Any) -> Any:
+    """Bytes each GPU sends in a ring all-reduce of ``num_bytes`` over ``num_gpus`` GPUs."""
+    return 2.0 * (num_gpus - 1) / num_gpus * num_bytes
+
+
+def ring_all_reduce_time(
+    num_bytes: Any, num_gpus: Any, link_bandwidth: float, latency: float
+) -> Any:
+    """Time of one ring all-reduce of ``num_bytes`` over ``num_gpus`` >= 2 GPUs, s."""
+    return ring_all_reduce_link_bytes(num_bytes, num_gpus) / link_bandwidth + latency
+
+
+class AllReducePricing:
+    """Prices the all-reduces of tensor parallelism over ``num_gpus`` GPUs.
+
+    Args:
+        num_gpus: Tensor-parallel degree (1: no communication).
+        link_bandwidth: Achievable GPU-to-GPU B/s per direction.
+        latency: Fixed time per all-reduce, s.
+    """
+
+    __slots__ = ("latency", "link_bandwidth", "num_gpus")
+
+    def __init__(self, *, num_gpus: int, link_bandwidth: float, latency: float) -> None:
+        self.num_gpus = num_gpus
+        self.link_bandwidth = link_bandwidth
+        self.latency = latency
+
+    def time(self, num_bytes: float) -> float:
+        """One ring all-reduce of ``num_bytes``, s (0 on one GPU)."""
+        if self.num_gpus == 1:
+            return 0.0
+        return ring_all_reduce_time(num_bytes, self.num_gpus, self.link_bandwidth, self.latency)
+
+    def layers(self, rows: float, hidden_size: int, num_layers: int) -> OpCost:
+        """The ``all_reduce`` group: two all-reduces per layer (after attention and after the
+        MLP) of ``rows x hidden_size`` 16-bit values; ``bytes`` counts the bytes sent."""
+        if self.num_gpus == 1 or rows <= 0:
+            return ZERO_OP
+        message = rows * hidden_size * ACT_BYTES
+        link = ring_all_reduce_link_bytes(message, self.num_gpus)
+        per = ring_all_reduce_time(message, self.num_gpus, self.link_bandwidth, self.latency)
+        return OpCost(0.0, 2.0 * num_layers * link, 2.0 * num_layers * per)

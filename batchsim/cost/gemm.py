@@ -1,0 +1,168 @@
+"""GEMM kernels: what one (grouped) matrix multiply of a layer costs on one GPU.
+
+Owns :class:`Gemm` (the shape of one weight GEMM: ``rows x k @ k x n``, possibly ``groups`` of
+them) and :class:`GemmPricing`, which prices it from explicit hardware terms: FLOPs, bytes
+(weights in the weight dtype, activations 16-bit) and time
+
+    ``min_kernel_time + smoothmax_p(t_compute, t_memory)``
+
+where ``t_compute`` counts tile and wave quantization on ``num_sms`` SMs (the library is assumed
+to pick the fastest of four tile shapes — ``tile_m x tile_n`` and halves of either, the tile
+height shrunk to the next power of two >= the rows — and of split-K factors 1-4) and
+``t_memory = bytes / bandwidth``. ``ideal=True`` is the plain roofline ``max(FLOPs / peak,
+bytes / bandwidth)``. Parameters and their derivation: ``docs/calibration.md``.
+
+Must not import anything from batchsim but :mod:`batchsim.cost.costs`: it knows nothing of
+models, layers, iterations or hardware profiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from batchsim.cost.costs import ACT_BYTES, CostSum, KernelCost, smoothmax
+
+__all__ = ["MIN_TILE_M", "MIN_TILE_N", "Gemm", "GemmPricing"]
+
+SPLIT_K = (1, 2, 3, 4)
+"""Split-K factors a GEMM library tries on skinny problems."""
+MIN_K_SLICE = 128
+"""A split-K slice is at least this deep."""
+MIN_TILE_M = 16
+"""Smallest tensor-core tile height (mma m16)."""
+MIN_TILE_N = 8
+"""Smallest tensor-core tile width."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """One (grouped) weight GEMM of a layer: ``groups`` x [rows, k] @ [k, n].
+
+    Attributes:
+        k: Input features.
+        n: Output features.
+        groups: Independent GEMMs of this shape (heads, experts), each with its own weights.
+    """
+
+    k: int
+    n: int
+    groups: float = 1.0
+
+
+def _pow2ceil(x: float) -> float:
+    """Smallest power of two >= x (x >= 1)."""
+    return float(1 << max(0, math.ceil(math.log2(x)))) if x > 1 else 1.0
+
+
+class GemmPricing:
+    """Prices GEMM kernels on one GPU.
+
+    Args:
+        peak: Achievable FLOP/s (dense peak of the compute dtype x compute efficiency).
+        bandwidth: Achievable device-memory B/s.
+        num_sms: SMs (CUs) the output tiles run on in waves.
+        min_kernel_time: Fixed time per kernel (launch, pipeline fill and drain), s.
+        transition_exponent: p of :func:`~batchsim.cost.costs.smoothmax`.
+        tile_m: Output tile rows (tokens) of the large kernels, >= :data:`MIN_TILE_M`.
+        tile_n: Output tile columns (features), >= :data:`MIN_TILE_N`.
+        weight_bytes: Bytes per weight element (the weight dtype).
+        ideal: Plain roofline: no quantization, no fixed time, no smooth transition.
+    """
+
+    __slots__ = (
+        "_peak_sm",
+        "bandwidth",
+        "ideal",
+        "min_kernel_time",
+        "num_sms",
+        "p",
+        "peak",
+        "tiles",
+        "weight_bytes",
+    )
+
+    def __init__(
+        self,
+        *,
+        peak: float,
+        bandwidth: float,
+        num_sms: int,
+        min_kernel_time: float,
+        transition_exponent: float,
+        tile_m: float,
+        tile_n: float,
+        weight_bytes: float,
+        ideal: bool = False,
+    ) -> None:
+        self.peak = peak
+        self.bandwidth = bandwidth
+        self.num_sms = num_sms
+        self.min_kernel_time = min_kernel_time
+        self.p = transition_exponent
+        self.weight_bytes = weight_bytes
+        self.ideal = ideal
+        half_m, half_n = max(MIN_TILE_M, tile_m / 2), max(float(MIN_TILE_N), tile_n / 2)
+        # the tile shapes (rows, columns) the library chooses from, largest first
+        self.tiles = tuple(
+            dict.fromkeys(((tile_m, tile_n), (half_m, tile_n), (tile_m, half_n), (half_m, half_n)))
+        )
+        self._peak_sm = peak / num_sms
+
+    def compute_time(self, rows: float, k: int, n: int, groups: float) -> float:
+        """Tile- and wave-quantized compute time of ``groups`` GEMMs of rows x k x n, s."""
+        peak_sm = self._peak_sm
+        cap = min(max(_pow2ceil(rows), MIN_TILE_M), self.tiles[0][0])
+        best = math.inf
+        for tm0, tn in self.tiles:
+            tm = tm0 if tm0 < cap else cap
+            tiles = groups * math.ceil(rows / tm) * math.ceil(n / tn)
+            for split in SPLIT_K:
+                if split > 1 and k / split < MIN_K_SLICE:
+                    break
+                waves = math.ceil(tiles * split / self.num_sms - 1e-9)
+                t = waves * 2.0 * tm * tn * (k / split) / peak_sm
+                if t < best:
+                    best = t
+        return best
+
+    def price(
+        self, gemm: Gemm, rows: float, *, weight_groups: float = -1.0, kernels: float = 1.0
+    ) -> KernelCost:
+        """One kernel of ``gemm`` over ``rows`` rows per group (> 0).
+
+        ``weight_groups`` overrides how many of the ``groups`` weight matrices are read (MoE:
+        the expected number of touched experts); ``rows`` is then rows per touched group.
+        ``kernels``: launches that pay the fixed time (e.g. a GEMM plus a small helper kernel).
+        """
+        wg = gemm.groups if weight_groups < 0 else weight_groups
+        flops = 2.0 * rows * gemm.k * gemm.n * wg
+        weight = gemm.k * gemm.n * wg * self.weight_bytes
+        nbytes = weight + rows * wg * (gemm.k + gemm.n) * ACT_BYTES
+        tm = nbytes / self.bandwidth
+        if self.ideal:
+            tc = flops / self.peak
+            time = tc if tc > tm else tm
+        else:
+            tc = self.compute_time(rows, gemm.k, gemm.n, wg)
+            time = kernels * self.min_kernel_time + smoothmax(tc, tm, self.p)
+        return KernelCost(flops, nbytes, weight, time, tc, tm)
+
+    def add(
+        self,
+        acc: CostSum,
+        gemms: Iterable[Gemm],
+        rows: float,
+        times: float,
+        *,
+        weight_groups: float = -1.0,
+        kernels: float = 1.0,
+    ) -> None:
+        """Add ``times`` (layers) x one kernel of each of ``gemms`` over ``rows`` rows to
+        ``acc``; nothing when ``rows`` or ``times`` is not positive."""
+        if rows <= 0 or times <= 0:
+            return
+        price = self.price
+        for gemm in gemms:
+            acc.add(price(gemm, rows, weight_groups=weight_groups, kernels=kernels), times)

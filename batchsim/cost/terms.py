@@ -1,0 +1,157 @@
+"""What the cost model reads from a hardware profile: one GPU's achievable rates and fixed times.
+
+Owns :class:`HardwareTerms`, every term the kernel models need, in SI units, for one weight
+dtype (with ``ideal=True``: datasheet peaks and bandwidths, no floors or overheads), the rule
+that picks the tensor-core peak a weight dtype runs at (:func:`compute_dtype`), the weight
+dtypes the cost model accepts (:data:`WEIGHT_DTYPES`), and the validation of the GEMM terms.
+
+Compute dtype: bf16/fp16 use their peak; fp8 uses the fp8 peak when the GPU has one, else the
+16-bit peak (weight-only W8A16, as vLLM's Marlin kernels on Ampere); int8 and int4 are
+weight-only (W8A16 / W4A16) and use the 16-bit peak.
+
+Must not import anything from batchsim but :mod:`batchsim.catalog.hardware`,
+:mod:`batchsim.errors` and :mod:`batchsim.cost.gemm` (its tile limits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
+from batchsim.cost.gemm import MIN_TILE_M, MIN_TILE_N
+from batchsim.errors import ConfigError
+
+__all__ = ["WEIGHT_DTYPES", "HardwareTerms", "compute_dtype"]
+
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+"""Weight dtypes the cost model accepts (``engine.dtype``)."""
+
+
+def compute_dtype(hardware: HardwareProfile, dtype: str) -> str:
+    """The dtype whose tensor-core peak weights of ``dtype`` run at on ``hardware``.
+
+    Raises:
+        ConfigError: ``dtype`` is bf16 or fp16 and the GPU cannot run it.
+    """
+
+    def has(d: str) -> bool:
+        return hardware.peak_flops.get(d) is not None
+
+    sixteen = "bf16" if has("bf16") else "fp16"
+    if dtype in ("bf16", "fp16"):
+        hardware.peak_flops_for(dtype)  # ConfigError if the GPU cannot run it
+        return dtype
+    if dtype == "fp8" and has("fp8"):
+        return "fp8"
+    return sixteen  # weight-only quantization: dequantize and run 16-bit tensor cores
+
+
+def _eff(hardware: HardwareProfile, key: str) -> float:
+    """SI value of an ``efficiency:`` term, falling back to its documented default."""
+    spec = EFFICIENCY_KEYS[key]
+    value = hardware.efficiency.get(spec.si_name)
+    if value is None:
+        value = getattr(hardware, spec.si_name, None)
+    return float(value) if value is not None else spec.default / spec.per_si
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareTerms:
+    """One GPU's terms for the kernel models, SI units (see ``docs/calibration.md``).
+
+    Attributes:
+        compute_dtype: Dtype of the tensor-core peak in use (:func:`compute_dtype`).
+        peak: Achievable FLOP/s of GEMMs (dense peak x ``compute``).
+        bandwidth: Achievable device-memory B/s (x ``memory``).
+        num_sms: SMs (CUs).
+        min_kernel_time: Fixed time per GEMM kernel, s.
+        transition_exponent: p of the compute/memory transition of a kernel.
+        tile_m: GEMM output tile rows.
+        tile_n: GEMM output tile columns.
+        attention_peak: Achievable FLOP/s of the attention kernel (x ``attention``).
+        attention_sm_bandwidth: B/s one SM streams the KV cache at (its share of the memory
+            bandwidth x ``attention_sm_bandwidth``).
+        attention_kernel_time: Fixed time per attention call, s.
+        attention_cta_time: Fixed time per round of decode CTAs, s.
+        attention_combine_time: Split-KV combine kernel, s.
+        attention_prefill_time: Extra fixed time of an attention call with prefill rows, s.
+        attention_masked_fraction: Masked pairs of a prefill chunk the kernel pays for.
+        elementwise_bandwidth: Achievable B/s of elementwise kernels.
+        elementwise_kernel_time: Fixed time per elementwise kernel, s.
+        link_bandwidth: Achievable GPU-to-GPU B/s per direction.
+        link_latency: Fixed time per all-reduce, s.
+        launch_overhead: Fixed GPU-side cost per forward pass, s.
+    """
+
+    compute_dtype: str
+    peak: float
+    bandwidth: float
+    num_sms: int
+    min_kernel_time: float
+    transition_exponent: float
+    tile_m: float
+    tile_n: float
+    attention_peak: float
+    attention_sm_bandwidth: float
+    attention_kernel_time: float
+    attention_cta_time: float
+    attention_combine_time: float
+    attention_prefill_time: float
+    attention_masked_fraction: float
+    elementwise_bandwidth: float
+    elementwise_kernel_time: float
+    link_bandwidth: float
+    link_latency: float
+    launch_overhead: float
+
+    @classmethod
+    def from_profile(
+        cls, hardware: HardwareProfile, dtype: str, *, ideal: bool = False
+    ) -> HardwareTerms:
+        """The terms of ``hardware`` for weights of ``dtype`` (``ideal``: datasheet roofline).
+
+        Raises:
+            ConfigError: The GPU cannot run ``dtype``, or (not ``ideal``) a GEMM term is out
+                of range.
+        """
+        cdtype = compute_dtype(hardware, dtype)
+        hw = hardware.ideal() if ideal else hardware
+        peak = hardware.peak_flops_for(cdtype)
+        sms = max(1, int(hardware.num_compute_units))
+        p = _eff(hw, "transition_exponent")
+        tile_m, tile_n = _eff(hw, "gemm_tile_m"), _eff(hw, "gemm_tile_n")
+        if not ideal:
+            if p < 1:
+                raise ConfigError(
+                    f"hardware {hardware.name}: efficiency.transition_exponent must be >= 1, "
+                    f"got {p!r}"
+                )
+            if tile_m < MIN_TILE_M or tile_n < MIN_TILE_N:
+                raise ConfigError(
+                    f"hardware {hardware.name}: efficiency.gemm_tile_m must be >= {MIN_TILE_M} "
+                    f"and gemm_tile_n >= {MIN_TILE_N}, got {tile_m!r} x {tile_n!r}"
+                )
+        return cls(
+            compute_dtype=cdtype,
+            peak=peak * _eff(hw, "compute"),
+            bandwidth=hardware.memory_bandwidth * _eff(hw, "memory"),
+            num_sms=sms,
+            min_kernel_time=_eff(hw, "min_kernel_time_us"),
+            transition_exponent=p,
+            tile_m=tile_m,
+            tile_n=tile_n,
+            attention_peak=peak * _eff(hw, "attention"),
+            attention_sm_bandwidth=hardware.memory_bandwidth
+            / sms
+            * _eff(hw, "attention_sm_bandwidth"),
+            attention_kernel_time=_eff(hw, "attention_kernel_time_us"),
+            attention_cta_time=_eff(hw, "attention_cta_time_us"),
+            attention_combine_time=_eff(hw, "attention_combine_time_us"),
+            attention_prefill_time=_eff(hw, "attention_prefill_time_us"),
+            attention_masked_fraction=_eff(hw, "attention_masked_fraction"),
+            elementwise_bandwidth=hardware.memory_bandwidth * _eff(hw, "elementwise"),
+            elementwise_kernel_time=_eff(hw, "elementwise_kernel_time_us"),
+            link_bandwidth=hardware.interconnect_bandwidth * _eff(hw, "interconnect"),
+            link_latency=_eff(hw, "interconnect_latency_us"),
+            launch_overhead=_eff(hw, "launch_overhead_ms"),
+        )
