@@ -116,30 +116,38 @@ class BatchShape:
         if num_padding_seqs < 0 or padding_context < 0:
             raise ValueError("padding sequences and their context must be >= 0")
         prefill = decodes = padding = kv_read = pairs = 0
-        for i, (q, c) in enumerate(zip(new_tokens, context_tokens)):
-            if q < 0 or c < 0:
-                raise ValueError(f"token counts must be >= 0, got new={q} context={c}")
-            cached = c if window is None or c < window else window - 1  # cached_keys()
-            is_decode = (q == 1 and c > 0) if decode is None else decode[i]
-            if is_decode:
-                decodes += q
+        if decode is None:
+            decode = [q == 1 and c > 0 for q, c in zip(new_tokens, context_tokens)]
+        if window is None and n and all(decode) and min(context_tokens) >= 0:
+            # decodes only (most iterations): one pair per cached key plus the query itself
+            decodes = sum(new_tokens)
+            if decodes != n:
+                raise ValueError("a decode computes one token")
+            kv_read = sum(context_tokens)
+            pairs = kv_read + n
+        else:
+            for q, c, is_decode in zip(new_tokens, context_tokens, decode):
+                if q < 0 or c < 0:
+                    raise ValueError(f"token counts must be >= 0, got new={q} context={c}")
+                cached = c if window is None or c < window else window - 1  # cached_keys()
                 rows = q
-            else:
-                prefill += q
-                rows = q
-                if pad_to is not None:
-                    if pad_to < q:
-                        raise ValueError(f"pad_to={pad_to} is shorter than a prefill of {q}")
-                    rows = pad_to
-                    padding += pad_to - q
-            kv_read += cached
-            pairs += window_pairs(rows, cached, window)
+                if is_decode:
+                    decodes += q
+                else:
+                    prefill += q
+                    if pad_to is not None:
+                        if pad_to < q:
+                            raise ValueError(f"pad_to={pad_to} is shorter than a prefill of {q}")
+                        rows = pad_to
+                        padding += pad_to - q
+                kv_read += cached
+                pairs += window_pairs(rows, cached, window)
         if num_padding_seqs:
             cached = cached_keys(padding_context, window)
             padding += num_padding_seqs
             kv_read += num_padding_seqs * cached
             pairs += num_padding_seqs * window_pairs(1, cached, window)
-        num_sampled = n if sampled is None else sum(1 for s in sampled if s)
+        num_sampled = n if sampled is None else sum(sampled)
         return cls(
             num_seqs=n,
             num_prefill_tokens=prefill,

@@ -299,9 +299,11 @@ class Engine:
             ended = source.exhausted()
             if ended != scheduler.end_of_input:
                 self._call("set_end_of_input", scheduler.set_end_of_input, ended)
-            output = self._call("schedule", scheduler.schedule_iteration, now)
             if guarded:
+                output = self._call("schedule", scheduler.schedule_iteration, now)
                 self._check_output(output)
+            else:
+                output = scheduler.schedule_iteration(now)
             if output.is_empty:
                 wake = self._next_event_time(now)
                 if wake == math.inf:
@@ -325,7 +327,12 @@ class Engine:
                 times = self._price_step(output, now)
             yield env.timeout(times.end - now)
             self._last_end = env.now
-            finished = self._call("update_from_output", scheduler.update_from_output, output, times)
+            if guarded:
+                finished = self._call(
+                    "update_from_output", scheduler.update_from_output, output, times
+                )
+            else:
+                finished = scheduler.update_from_output(output, times)
             steps_without_token = 0 if output.num_output_tokens else steps_without_token + 1
             if steps_without_token > MAX_STEPS_WITHOUT_TOKEN:
                 raise self._broke(

@@ -162,9 +162,10 @@ class KVCacheManager:
         ``num_computed_tokens``; the first iteration's blocks were allocated by schedule().
         Hold what the last iteration needed (callers checked :meth:`max_growth_steps`)."""
         total = 0
+        bs = self.block_size
         for r in requests:
             c = r.num_computed_tokens + num_steps
-            held = self.blocks_held(c - 1, c)
+            held = -(-c // bs) if self.window is None else self.blocks_held(c - 1, c)
             total += held - r.num_blocks
             r.num_blocks = held
         self.num_free_blocks -= total

@@ -221,6 +221,8 @@ class Labels:
 
 
 _WINDOW_ROWS = 1 << 20
+_PENDING_SEGMENTS = 1 << 16
+"""Token-run bounds buffered as Python ints before they move into a numpy chunk."""
 """Most iterations expanded at once when the log is read in windows."""
 
 
@@ -429,7 +431,8 @@ class RequestLog:
                 "num_segments": "i4",
             }
         )
-        self._segments = ChunkedColumns({"first": "i8", "last": "i8"})
+        self._segments: list[np.ndarray] = []  # flat (first, last) pairs, in chunks
+        self._pending_segments: list[int] = []
         self._reasons: dict[int, str] = {}
 
     @property
@@ -456,13 +459,26 @@ class RequestLog:
                 num_segments,
             )
         )
-        if num_segments == 1:
-            self._segments.append((segments[0], segments[1]))
-        elif num_segments:
-            pairs = np.array(segments, dtype=np.int64).reshape(-1, 2)
-            self._segments.extend((pairs[:, 0], pairs[:, 1]), num_segments)
+        if num_segments:
+            pending = self._pending_segments
+            pending += segments
+            if len(pending) >= _PENDING_SEGMENTS:
+                self._flush_segments()
         if r.reject_reason:
             self._reasons[r.request_id] = r.reject_reason
+
+    def _flush_segments(self) -> None:
+        if self._pending_segments:
+            self._segments.append(np.array(self._pending_segments, dtype=np.int64))
+            self._pending_segments = []
+
+    def _all_segments(self) -> np.ndarray:
+        self._flush_segments()
+        if not self._segments:
+            return np.empty((0, 2), dtype=np.int64)
+        if len(self._segments) > 1:
+            self._segments = [np.concatenate(self._segments)]
+        return self._segments[0].reshape(-1, 2)
 
     def _order(self) -> np.ndarray:
         return np.argsort(self._rows.column("request_id"), kind="stable")
@@ -516,8 +532,8 @@ class RequestLog:
         selected = np.zeros(len(num_segments), dtype=bool)
         selected[self._order()[counted]] = True
         per_segment = np.repeat(selected, num_segments)
-        first = self._segments.column("first")[per_segment]
-        last = self._segments.column("last")[per_segment]
+        pairs = self._all_segments()[per_segment]
+        first, last = pairs[:, 0], pairs[:, 1]
         kept = num_segments[selected]  # runs per selected request, in storage order
         is_first = np.zeros(len(first), dtype=bool)
         is_first[(np.cumsum(kept) - kept)[kept > 0]] = True

@@ -238,7 +238,11 @@ class Scheduler(abc.ABC):
                     < request.num_prompt_tokens + request.num_output_tokens
                 ):
                     continue  # a non-final prompt chunk samples nothing
-                request.record_tokens(first, 1, end)
+                if request.last_token_iteration == first - 1 >= 0:  # its token run goes on
+                    request.last_token_iteration = first
+                    request.num_output_tokens += 1
+                else:
+                    request.record_tokens(first, 1, end)
                 if request.num_output_tokens >= request.max_tokens:
                     finished.append(request)
         else:
@@ -247,7 +251,11 @@ class Scheduler(abc.ABC):
                 self.kv_cache.grow(requests, num_steps)
             for request in requests:
                 request.num_computed_tokens += num_steps
-                request.record_tokens(first, num_steps, end)
+                if request.last_token_iteration == first - 1:  # its token run goes on
+                    request.last_token_iteration = first + num_steps - 1
+                    request.num_output_tokens += num_steps
+                else:
+                    request.record_tokens(first, num_steps, end)
                 if request.num_output_tokens >= request.max_tokens:
                     assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     finished.append(request)
@@ -287,19 +295,21 @@ class Scheduler(abc.ABC):
                 the rectangular KV cache of naive batched generation. Default: each request's
                 own ``num_computed_tokens``.
         """
-        contexts: list[int] = []
+        computed: list[int] = []
         decode: list[bool] = []
         sampled: list[bool] = []
-        num_outputs = 0
+        num_outputs = num_decode = 0
         for request, q in zip(requests, num_tokens):
-            computed = request.num_computed_tokens
-            known = request.num_prompt_tokens + request.num_output_tokens
-            contexts.append(computed if padded_context is None else padded_context)
-            decode.append(request.num_output_tokens > 0 and computed + 1 == known)
-            samples = computed + q == known
+            c = request.num_computed_tokens
+            left = request.num_prompt_tokens + request.num_output_tokens - c
+            computed.append(c)
+            is_decode = left == 1 and request.num_output_tokens > 0
+            decode.append(is_decode)
+            num_decode += is_decode
+            samples = q == left
             sampled.append(samples)
             num_outputs += samples
-        num_decode = sum(decode)
+        contexts = computed if padded_context is None else [padded_context] * len(requests)
         slots = len(requests) if num_slots is None else num_slots
         empty = slots - len(requests) if compute_empty_slots else 0
         shape = BatchShape.from_requests(
