@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
-from batchsim.metrics.logs import RunTable, inter_token_gaps
+from batchsim.metrics.logs import RunTable, TokenRuns
 from batchsim.scheduler.interface import Scheduler
 from conftest import tiny_experiment
 
@@ -143,12 +143,12 @@ def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(dat
                 last.append(prev)
                 is_first.append(begin == sampled[0])
                 begin = cur
-    values, weights = inter_token_gaps(
-        np.array(first, dtype=np.int64),
-        np.array(last, dtype=np.int64),
+    runs = TokenRuns(
+        np.array(first, dtype=np.int32),
+        np.array(last, dtype=np.int32),
         np.array(is_first, dtype=bool),
-        table,
     )
+    values, weights = runs.inter_token_gaps(table)
     np.testing.assert_allclose(np.sort(np.repeat(values, weights)), np.sort(expected), rtol=1e-9)
 
 

@@ -220,10 +220,10 @@ class Labels:
         return np.asarray(self.labels, dtype=object)[self.codes]
 
 
-_WINDOW_ROWS = 1 << 20
+_WINDOW_ROWS = 1 << 18
+"""Most iterations expanded at once when the log is read in windows."""
 _PENDING_SEGMENTS = 1 << 16
 """Token-run bounds buffered as Python ints before they move into a numpy chunk."""
-"""Most iterations expanded at once when the log is read in windows."""
 
 
 class IterationLog:
@@ -468,8 +468,14 @@ class RequestLog:
             self._reasons[r.request_id] = r.reject_reason
 
     def _flush_segments(self) -> None:
-        if self._pending_segments:
-            self._segments.append(np.array(self._pending_segments, dtype=np.int64))
+        pending = self._pending_segments
+        if pending:
+            # iteration indices: 32 bits unless a run passes 2^31 iterations (token-run gaps
+            # pack two of them in 64 bits)
+            top = max(pending)
+            assert top < 2**32, "runs of more than 2^32 iterations are not supported"
+            dtype = np.int32 if top < 2**31 else np.int64
+            self._segments.append(np.array(pending, dtype=dtype))
             self._pending_segments = []
 
     def _all_segments(self) -> np.ndarray:
@@ -523,21 +529,21 @@ class RequestLog:
             "reject_reason": reasons,
         }
 
-    def token_segments(self, counted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def token_runs(self, counted: np.ndarray) -> TokenRuns:
         """The token runs of the requests selected by ``counted`` (a boolean mask over
-        :meth:`to_columns`'s rows): (first iterations, last iterations, and for each run
-        whether it is its request's first)."""
+        :meth:`to_columns`'s rows)."""
         rows = self._rows
         num_segments = rows.column("num_segments").astype(np.int64)
+        pairs = self._all_segments()
         selected = np.zeros(len(num_segments), dtype=bool)
         selected[self._order()[counted]] = True
-        per_segment = np.repeat(selected, num_segments)
-        pairs = self._all_segments()[per_segment]
-        first, last = pairs[:, 0], pairs[:, 1]
-        kept = num_segments[selected]  # runs per selected request, in storage order
-        is_first = np.zeros(len(first), dtype=bool)
-        is_first[(np.cumsum(kept) - kept)[kept > 0]] = True
-        return first, last, is_first
+        if not selected.all():
+            pairs = pairs[np.repeat(selected, num_segments)]
+            num_segments = num_segments[selected]
+        # runs per selected request, in storage order: the first of each is its request's
+        is_first = np.zeros(len(pairs), dtype=bool)
+        is_first[(np.cumsum(num_segments) - num_segments)[num_segments > 0]] = True
+        return TokenRuns(pairs[:, 0], pairs[:, 1], is_first)
 
 
 class RunTable:
@@ -560,46 +566,81 @@ class RunTable:
         duration = self.duration[run]
         return (self.start[run] + duration * k) + duration
 
-
-def inter_token_gaps(
-    first: np.ndarray, last: np.ndarray, is_first: np.ndarray, runs: RunTable
-) -> tuple[np.ndarray, np.ndarray]:
-    """Every inter-token gap of some requests, as (gap values, weights) in seconds.
-
-    A request's tokens came at the ends of the iterations of its token runs
-    ``first[k]..last[k]`` (consecutive iterations); each token after its first contributes
-    the time since the request's previous token. A run that is not its request's first starts
-    with ``end[first] - end[previous last]``; inside a run, the gap at iteration i is
-    ``end[i] - end[i - 1]``, which inside a run of the iteration log (back-to-back iterations
-    of one duration) is that duration. So gaps are pooled per log run with a count, and the
-    sample grows with runs and token runs, not with iterations.
-    """
-    not_first = np.flatnonzero(~is_first)
-    boundary = runs.end_times(first[not_first]) - runs.end_times(last[not_first - 1])
-    # covered(x): pairs (token run, iteration i) with first < i <= min(x, last), i.e. the
-    # gaps inside token runs that end at iteration x or earlier.
-    firsts, lasts = np.sort(first), np.sort(last)
-    sum_first = np.concatenate(([0], np.cumsum(firsts)))
-    sum_last = np.concatenate(([0], np.cumsum(lasts)))
-
-    def covered(x: np.ndarray) -> np.ndarray:
-        nf = np.searchsorted(firsts, x, side="left")  # token runs with first < x
-        nl = np.searchsorted(lasts, x, side="left")  # ... and those with last < x
-        return (nf * x - sum_first[nf]) - (nl * x - sum_last[nl])
-
-    a, n = runs.first, runs.steps
-    at_first = covered(a) - covered(a - 1)  # gaps ending at each log run's first iteration
-    inside = covered(a + n - 1) - covered(a)  # ... and at its later iterations
-    head = np.flatnonzero(at_first)
-    head_gaps = runs.end_times(a[head]) - runs.end_times(a[head] - 1)
-    body = np.flatnonzero(inside)
-    values = np.concatenate((boundary, head_gaps, runs.duration[body]))
-    weights = np.concatenate((np.ones(len(boundary), np.int64), at_first[head], inside[body]))
-    return values, weights
+    def end_time_chunks(
+        self, max_rows: int = _WINDOW_ROWS
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(iteration indices, end times) of every iteration, in chunks of about
+        ``max_rows``."""
+        ends = np.cumsum(self.steps)
+        lo = 0
+        while lo < len(self.steps):
+            hi = lo + max(1, int(np.searchsorted(ends[lo:], ends[lo] - self.steps[lo] + max_rows)))
+            steps = self.steps[lo:hi]
+            run = np.repeat(np.arange(lo, hi), steps)
+            iterations = np.arange(self.first[lo], self.first[lo] + int(steps.sum()))
+            k = (iterations - self.first[run]).astype(float)
+            duration = self.duration[run]
+            yield iterations, (self.start[run] + duration * k) + duration
+            lo = hi
 
 
-def tokens_per_iteration(first: np.ndarray, last: np.ndarray, iterations: np.ndarray) -> np.ndarray:
-    """How many tokens the token runs ``first..last`` sampled at each of ``iterations``."""
-    began = np.searchsorted(np.sort(first), iterations, side="right")  # first <= i
-    ended = np.searchsorted(np.sort(last), iterations, side="left")  # last < i
-    return began - ended
+class TokenRuns:
+    """Token runs of some requests: a request's tokens came at the ends of the iterations
+    ``first[k]..last[k]`` of each of its runs (consecutive iterations); ``is_first[k]`` marks
+    a request's first run (its runs are stored together, in order)."""
+
+    def __init__(self, first: np.ndarray, last: np.ndarray, is_first: np.ndarray):
+        self.first = first
+        self.last = last
+        self.is_first = is_first
+        self._firsts = np.sort(first)
+        self._lasts = np.sort(last)
+
+    def tokens_at(self, iterations: np.ndarray) -> np.ndarray:
+        """How many tokens the runs sampled at each of ``iterations``."""
+        began = np.searchsorted(self._firsts, iterations, side="right")  # first <= i
+        ended = np.searchsorted(self._lasts, iterations, side="left")  # last < i
+        return began - ended
+
+    def inter_token_gaps(self, runs: RunTable) -> tuple[np.ndarray, np.ndarray]:
+        """Every inter-token gap, as (gap values, weights) in seconds.
+
+        Each token after a request's first contributes the time since its previous token. A
+        run that is not its request's first starts with ``end[first] - end[previous
+        last]``; inside a run the gap at iteration i is ``end[i] - end[i - 1]``, which inside
+        a run of the iteration log (back-to-back iterations of one duration) is that
+        duration. So gaps are pooled per log run with a count, and the sample grows with
+        runs and token runs, not with iterations.
+        """
+        # A gap between token runs depends only on the two iterations it spans, which many
+        # requests share (those a prefill iteration stalled): count each pair once.
+        not_first = np.flatnonzero(~self.is_first)
+        pairs = self.first[not_first].astype(np.int64) << 32
+        pairs |= self.last[not_first - 1]
+        del not_first
+        pairs, counts = np.unique(pairs, return_counts=True)
+        boundary = runs.end_times(pairs >> 32) - runs.end_times(pairs & 0xFFFFFFFF)
+        del pairs
+        firsts, lasts = self._firsts, self._lasts
+        sum_first = np.concatenate(([0], np.cumsum(firsts, dtype=np.int64)))
+        sum_last = np.concatenate(([0], np.cumsum(lasts, dtype=np.int64)))
+
+        def covered(x: np.ndarray) -> np.ndarray:
+            """Pairs (token run, iteration i) with first < i <= min(x, last): the gaps
+            inside token runs that end at iteration x or earlier."""
+            nf = np.searchsorted(firsts, x, side="left")  # token runs with first < x
+            nl = np.searchsorted(lasts, x, side="left")  # ... and those with last < x
+            return (nf * x - sum_first[nf]) - (nl * x - sum_last[nl])
+
+        a, n = runs.first, runs.steps
+        before = covered(a - 1)
+        at_first = covered(a)
+        inside = covered(a + n - 1) - at_first  # gaps at a log run's later iterations
+        at_first -= before  # ... and at its first iteration
+        del before
+        head = np.flatnonzero(at_first)
+        head_gaps = runs.end_times(a[head]) - runs.end_times(a[head] - 1)
+        body = np.flatnonzero(inside)
+        values = np.concatenate((boundary, head_gaps, runs.duration[body]))
+        weights = np.concatenate((counts, at_first[head], inside[body]))
+        return values, weights

@@ -13,13 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from batchsim.metrics.logs import (
-    Columns,
-    IterationLog,
-    RequestLog,
-    inter_token_gaps,
-    tokens_per_iteration,
-)
+from batchsim.metrics.logs import Columns, IterationLog, RequestLog, RunTable, TokenRuns
 
 
 def _rows(table: Columns, mask: np.ndarray) -> Columns:
@@ -135,11 +129,13 @@ def summarize(
     tpot = done["tpot_ms"]
     out.update(_stats("tpot", tpot[~np.isnan(tpot)]))
     runs = iterations.run_table()
-    first, last, is_first = request_log.token_segments(counted & (requests["status"] == "finished"))
-    itl_value, itl_count = inter_token_gaps(first, last, is_first, runs)
+    tokens = request_log.token_runs(counted & (requests["status"] == "finished"))
+    itl_value, itl_count = tokens.inter_token_gaps(runs)
     out.update(_stats("itl", itl_value * 1e3, itl_count))
+    del itl_value, itl_count
     out.update(_stats("e2el", done["e2el_ms"]))
-    out.update(_peaks(done, first, last, iterations))
+    out.update(_peaks(done, tokens, runs))
+    del tokens, runs
 
     it = iterations.totals(t0, t1)
     num_iter = it["num_counted"]
@@ -171,9 +167,7 @@ def summarize(
     return out
 
 
-def _peaks(
-    done: Columns, first: np.ndarray, last: np.ndarray, iterations: IterationLog
-) -> dict[str, float]:
+def _peaks(done: Columns, tokens: TokenRuns, runs: RunTable) -> dict[str, float]:
     """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: in one-second
     buckets from the first finished request's arrival, the most tokens sampled (first tokens
     included) and the most finished requests in flight (a request counts in every bucket from
@@ -184,13 +178,13 @@ def _peaks(
     finish = np.floor(done["finish_time_s"] - origin).astype(np.int64)
     size = int(finish.max()) + 2
     per_second = np.zeros(size)
-    for window in iterations.windows():
-        tokens = tokens_per_iteration(first, last, window["iteration"])
-        sampled = np.flatnonzero(tokens)
+    for iterations, ends in runs.end_time_chunks():
+        count = tokens.tokens_at(iterations)
+        sampled = np.flatnonzero(count)
         if sampled.size:
-            buckets = np.floor(window["end_time_s"][sampled] - origin).astype(np.int64)
+            buckets = np.floor(ends[sampled] - origin).astype(np.int64)
             inside = (buckets >= 0) & (buckets < size)
-            per_second += np.bincount(buckets[inside], tokens[sampled][inside], minlength=size)
+            per_second += np.bincount(buckets[inside], count[sampled][inside], minlength=size)
     begin = np.floor(done["arrival_time_s"] - origin).astype(np.int64)
     in_flight = np.cumsum(
         np.bincount(begin, minlength=size) - np.bincount(finish + 1, minlength=size)
