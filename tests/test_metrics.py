@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
+from batchsim.metrics import logs
 from batchsim.metrics.logs import RunTable, TokenRuns
 from batchsim.scheduler.interface import Scheduler
 from conftest import tiny_experiment
@@ -106,8 +107,11 @@ def test_mean_itl_is_the_time_after_the_first_token_over_the_tokens_after_it():
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), num_requests=st.integers(0, 6))
-def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(data, num_requests):
+@given(data=st.data(), num_requests=st.integers(0, 6), chunk=st.sampled_from([1, 2, 5, 1 << 21]))
+def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(
+    data, num_requests, chunk
+):
+    # ``chunk``: token runs counted at once (small values exercise the bounded-memory path)
     # A random iteration log: runs of back-to-back iterations of one duration, sometimes
     # after an idle gap; random requests sampling at random sets of iterations.
     runs = data.draw(
@@ -148,7 +152,8 @@ def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(dat
         np.array(last, dtype=np.int32),
         np.array(is_first, dtype=bool),
     )
-    values, weights = runs.inter_token_gaps(table)
+    with mock.patch.object(logs, "_GAP_CHUNK", chunk):
+        values, weights = runs.inter_token_gaps(table)
     np.testing.assert_allclose(np.sort(np.repeat(values, weights)), np.sort(expected), rtol=1e-9)
 
 

@@ -222,6 +222,8 @@ class Labels:
 
 _WINDOW_ROWS = 1 << 18
 """Most iterations expanded at once when the log is read in windows."""
+_GAP_CHUNK = 1 << 21
+"""Gaps between token runs counted at once (see :meth:`TokenRuns.inter_token_gaps`)."""
 _PENDING_SEGMENTS = 1 << 16
 """Token-run bounds buffered as Python ints before they move into a numpy chunk."""
 
@@ -602,6 +604,24 @@ class TokenRuns:
         ended = np.searchsorted(self._lasts, iterations, side="left")  # last < i
         return began - ended
 
+    def _gap_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct (iteration, previous token's iteration) pairs of the gaps between a
+        request's token runs, packed as ``iteration << 32 | previous``, and their counts
+        (counted in chunks, so that memory stays bounded)."""
+        keys: list[np.ndarray] = []
+        counts: list[np.ndarray] = []
+        for lo in range(1, len(self.is_first), _GAP_CHUNK):
+            rows = np.flatnonzero(~self.is_first[lo : lo + _GAP_CHUNK]) + lo
+            pairs = self.first[rows].astype(np.int64) << 32
+            pairs |= self.last[rows - 1]
+            unique, count = np.unique(pairs, return_counts=True)
+            keys.append(unique)
+            counts.append(count)
+        if len(keys) <= 1:
+            return (keys[0], counts[0]) if keys else (np.empty(0, np.int64),) * 2
+        unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+        return unique, np.bincount(inverse, np.concatenate(counts)).astype(np.int64)
+
     def inter_token_gaps(self, runs: RunTable) -> tuple[np.ndarray, np.ndarray]:
         """Every inter-token gap, as (gap values, weights) in seconds.
 
@@ -614,23 +634,17 @@ class TokenRuns:
         """
         # A gap between token runs depends only on the two iterations it spans, which many
         # requests share (those a prefill iteration stalled): count each pair once.
-        not_first = np.flatnonzero(~self.is_first)
-        pairs = self.first[not_first].astype(np.int64) << 32
-        pairs |= self.last[not_first - 1]
-        del not_first
-        pairs, counts = np.unique(pairs, return_counts=True)
+        pairs, counts = self._gap_pairs()
         boundary = runs.end_times(pairs >> 32) - runs.end_times(pairs & 0xFFFFFFFF)
         del pairs
         firsts, lasts = self._firsts, self._lasts
-        sum_first = np.concatenate(([0], np.cumsum(firsts, dtype=np.int64)))
-        sum_last = np.concatenate(([0], np.cumsum(lasts, dtype=np.int64)))
 
         def covered(x: np.ndarray) -> np.ndarray:
             """Pairs (token run, iteration i) with first < i <= min(x, last): the gaps
-            inside token runs that end at iteration x or earlier."""
+            inside token runs that end at iteration x or earlier (``x`` non-decreasing)."""
             nf = np.searchsorted(firsts, x, side="left")  # token runs with first < x
             nl = np.searchsorted(lasts, x, side="left")  # ... and those with last < x
-            return (nf * x - sum_first[nf]) - (nl * x - sum_last[nl])
+            return (nf * x - _prefix_sums(firsts, nf)) - (nl * x - _prefix_sums(lasts, nl))
 
         a, n = runs.first, runs.steps
         before = covered(a - 1)
@@ -644,3 +658,20 @@ class TokenRuns:
         values = np.concatenate((boundary, head_gaps, runs.duration[body]))
         weights = np.concatenate((counts, at_first[head], inside[body]))
         return values, weights
+
+
+def _prefix_sums(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``values[:p].sum()`` for each of the non-decreasing ``positions``, in int64, a block
+    at a time (no cumulative array as long as ``values``)."""
+    out = np.empty(len(positions), dtype=np.int64)
+    total = 0
+    start = 0  # first position not yet answered
+    for lo in range(0, len(values) + 1, _GAP_CHUNK):
+        hi = min(lo + _GAP_CHUNK, len(values))
+        stop = int(np.searchsorted(positions, hi, side="right"))  # positions <= hi
+        if stop > start:
+            partial = np.concatenate(([0], np.cumsum(values[lo:hi], dtype=np.int64)))
+            out[start:stop] = total + partial[positions[start:stop] - lo]
+            start = stop
+        total += int(values[lo:hi].sum(dtype=np.int64))
+    return out
