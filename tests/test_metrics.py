@@ -157,6 +157,20 @@ def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(
     np.testing.assert_allclose(np.sort(np.repeat(values, weights)), np.sort(expected), rtol=1e-9)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    spans=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 8)), max_size=20),
+    window=st.tuples(st.integers(0, 50), st.integers(0, 50)),
+)
+def test_tokens_between_count_the_token_runs_covering_each_iteration(spans, window):
+    first = np.array([a for a, _ in spans], dtype=np.int32)
+    last = np.array([a + n for a, n in spans], dtype=np.int32)
+    lo, hi = min(window), max(window)
+    runs = TokenRuns(first, last, np.ones(len(first), dtype=bool))
+    expected = [sum(a <= i <= a + n for a, n in spans) for i in range(lo, hi)]
+    assert runs.tokens_between(lo, hi).tolist() == expected
+
+
 def test_a_saturated_engine_is_busy_for_the_whole_counted_span():
     # Arrivals far faster than service keep the engine busy from the first arrival on; the
     # iteration statistics must cover the same span as the duration.

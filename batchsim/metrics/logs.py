@@ -598,10 +598,15 @@ class TokenRuns:
         self._firsts = np.sort(first)
         self._lasts = np.sort(last)
 
-    def tokens_at(self, iterations: np.ndarray) -> np.ndarray:
-        """How many tokens the runs sampled at each of ``iterations``."""
-        began = np.searchsorted(self._firsts, iterations, side="right")  # first <= i
-        ended = np.searchsorted(self._lasts, iterations, side="left")  # last < i
+    def tokens_between(self, lo: int, hi: int) -> np.ndarray:
+        """How many tokens the runs sampled at each iteration of ``lo .. hi - 1``."""
+        firsts, lasts = self._firsts, self._lasts
+        bounds = np.array((lo, hi), dtype=firsts.dtype)  # same dtype: no converted copy
+        f0, f1 = np.searchsorted(firsts, bounds, side="left")
+        l0, l1 = np.searchsorted(lasts, bounds, side="left")
+        began = f0 + np.cumsum(np.bincount(firsts[f0:f1] - lo, minlength=hi - lo))  # first <= i
+        ended = np.cumsum(np.bincount(lasts[l0:l1] - lo, minlength=hi - lo))  # last <= i
+        ended = l0 + np.concatenate(([0], ended[:-1]))  # last < i
         return began - ended
 
     def _gap_pairs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -642,8 +647,9 @@ class TokenRuns:
         def covered(x: np.ndarray) -> np.ndarray:
             """Pairs (token run, iteration i) with first < i <= min(x, last): the gaps
             inside token runs that end at iteration x or earlier (``x`` non-decreasing)."""
-            nf = np.searchsorted(firsts, x, side="left")  # token runs with first < x
-            nl = np.searchsorted(lasts, x, side="left")  # ... and those with last < x
+            q = x.astype(firsts.dtype)  # a query of another dtype would copy the arrays
+            nf = np.searchsorted(firsts, q, side="left")  # token runs with first < x
+            nl = np.searchsorted(lasts, q, side="left")  # ... and those with last < x
             return (nf * x - _prefix_sums(firsts, nf)) - (nl * x - _prefix_sums(lasts, nl))
 
         a, n = runs.first, runs.steps

@@ -179,7 +179,7 @@ def _peaks(done: Columns, tokens: TokenRuns, runs: RunTable) -> dict[str, float]
     size = int(finish.max()) + 2
     per_second = np.zeros(size)
     for iterations, ends in runs.end_time_chunks():
-        count = tokens.tokens_at(iterations)
+        count = tokens.tokens_between(int(iterations[0]), int(iterations[-1]) + 1)
         sampled = np.flatnonzero(count)
         if sampled.size:
             buckets = np.floor(ends[sampled] - origin).astype(np.int64)
