@@ -8,6 +8,7 @@ from batchsim.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,15 +165,8 @@ class BatchShape:
         over the iterations of a decode stretch). Each decode row computes one pair more than
         the cached keys it reads (exact with a window too: :func:`cached_keys` leaves room for
         the query)."""
-        return BatchShape(
-            num_seqs=self.num_seqs,
-            num_prefill_tokens=self.num_prefill_tokens,
-            num_decode_tokens=self.num_decode_tokens,
-            num_padding_tokens=self.num_padding_tokens,
-            num_sampled_tokens=self.num_sampled_tokens,
-            kv_read_tokens=kv_read_tokens,
-            attn_pairs=kv_read_tokens + self.num_decode_rows,
-            num_padding_seqs=self.num_padding_seqs,
+        return dataclasses.replace(
+            self, kv_read_tokens=kv_read_tokens, attn_pairs=kv_read_tokens + self.num_decode_rows
         )
 
     @classmethod
