@@ -153,12 +153,15 @@ class StretchRunner:
             done += steps
             if cut:
                 break
-        kv = engine.scheduler.kv_cache
-        usage = kv.usage if engine.scheduler.reserves_full_sequence else None
-        if usage is None:
-            usage = kv.usage_during_growth(output.requests, done)
-        self.log.add_runs(runs, usage)
+        self.log.add_runs(runs, self._usage(output, done))
         return done, start
+
+    def _usage(self, output: SchedulerOutput, num_steps: int) -> Any:
+        """KV-cache usage at each step (constant when admission reserved everything)."""
+        scheduler = self.engine.scheduler
+        if scheduler.reserves_full_sequence:
+            return scheduler.kv_cache.usage
+        return scheduler.kv_cache.usage_during_growth(output.requests, num_steps)
 
     def _run_arrays(
         self, output: SchedulerOutput, now: float, num_steps: int, event: float
@@ -188,11 +191,7 @@ class StretchRunner:
                 break
             chunk *= 4
         batch = engine.batch_row(output, cpu)
-        kv = engine.scheduler.kv_cache
-        if engine.scheduler.reserves_full_sequence:
-            usage: Any = kv.usage
-        else:
-            usage = kv.usage_during_growth(output.requests, done)
+        usage = self._usage(output, done)
         offset = 0
         for starts, cost, durations, keep in pieces:
 
