@@ -251,11 +251,7 @@ class Scheduler(abc.ABC):
                 self.kv_cache.grow(requests, num_steps)
             for request in requests:
                 request.num_computed_tokens += num_steps
-                if request.last_token_iteration == first - 1:  # its token run goes on
-                    request.last_token_iteration = first + num_steps - 1
-                    request.num_output_tokens += num_steps
-                else:
-                    request.record_tokens(first, num_steps, end)
+                request.record_tokens(first, num_steps, end)
                 if request.num_output_tokens >= request.max_tokens:
                     assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     finished.append(request)

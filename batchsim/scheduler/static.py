@@ -68,7 +68,8 @@ class StaticScheduler(Scheduler):
                 if pad
                 else request.num_prompt_tokens + request.max_tokens
             )
-            assert kv.allocate(request, tokens, admission=True), "reservation checked above"
+            reserved = kv.allocate(request, tokens, admission=True)
+            assert reserved, "the reservation was checked above"
             self.admit(request)
         return candidates
 
