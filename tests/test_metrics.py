@@ -292,3 +292,47 @@ def test_iteration_totals_inside_a_window_match_the_table(full):
     end = start + it["duration_ms"].to_numpy() / 1e3
     overlap = sum(max(0.0, min(e, hi) - max(b, lo)) for b, e in zip(start, end))
     assert totals["busy_s"] == pytest.approx(overlap, rel=1e-12)
+
+
+def test_slo_attainment_is_the_fraction_of_all_counted_requests_meeting_every_slo(full):
+    done = full.requests[full.requests["status"] == "finished"]
+    ttft_slo = float(done["ttft_ms"].quantile(0.3))
+    tpot_slo = float(done["tpot_ms"].quantile(0.8))
+    cancel = {"cancel_after_ms": {"dist": "fixed", "value": 600}}
+    exp = tiny_experiment(seed=3, slo={"ttft_ms": ttft_slo, "tpot_ms": tpot_slo})
+    exp["workload"] = {**exp["workload"], **cancel}
+    result = batchsim.run(exp)
+    req = result.requests
+    assert (req["status"] == "cancelled").sum() > 0
+    meets = (req["status"] == "finished") & (req["ttft_ms"] <= ttft_slo)
+    meets &= (req["tpot_ms"] <= tpot_slo) | req["tpot_ms"].isna()
+    assert 0 < meets.sum() < len(req)
+    assert result.summary["slo_attainment"] == pytest.approx(meets.sum() / len(req), rel=1e-12)
+    assert math.isnan(full.summary["slo_attainment"])
+
+
+@pytest.mark.parametrize("rate", [3.0, 6.0])
+def test_queue_delay_growth_of_an_overloaded_deterministic_queue_is_rho_minus_one(rate):
+    # One request at a time, identical requests, one every 1/rate s: request i waits
+    # i * (S - 1/rate) when S > 1/rate, so the delay grows by rate * S - 1 seconds per second.
+    exp = tiny_experiment(
+        scheduler={"policy": "continuous", "max_num_seqs": 1},
+        workload={
+            "num_requests": 40,
+            "arrival": {"process": "constant", "rate": rate},
+            "prompt_tokens": {"dist": "fixed", "value": 200},
+            "output_tokens": {"dist": "fixed", "value": 40},
+        },
+    )
+    alone = batchsim.run({**exp, "workload": {**exp["workload"], "num_requests": 1}})
+    service_s = alone.requests["e2el_ms"].iloc[0] / 1e3
+    assert rate * service_s > 1.2  # overloaded
+    growth = batchsim.run(exp).summary["queue_delay_growth"]
+    assert growth == pytest.approx(rate * service_s - 1, rel=1e-6)
+
+
+def test_queue_delay_growth_is_near_zero_when_the_system_keeps_up(full):
+    assert full.summary["busy_fraction"] < 0.9
+    assert abs(full.summary["queue_delay_growth"]) < 0.01
+    burst = batchsim.run(tiny_experiment(workload={"arrival": {"process": "all_at_once"}}))
+    assert math.isnan(burst.summary["queue_delay_growth"])

@@ -123,8 +123,12 @@ def summarize(
                 v = done[column]
                 ok &= ~(v > slo[key])  # NaN TPOT (single-token output) meets any TPOT SLO
         out["request_goodput"] = rate(float(ok.sum()))
+        # DistServe's attainment: of the counted requests, the fraction that finished within
+        # every target (a rejected or cancelled request meets none)
+        out["slo_attainment"] = float(ok.sum()) / len(finished) if len(finished) else math.nan
     else:
         out["request_goodput"] = math.nan
+        out["slo_attainment"] = math.nan
     out.update(_stats("ttft", done["ttft_ms"]))
     tpot = done["tpot_ms"]
     out.update(_stats("tpot", tpot[~np.isnan(tpot)]))
@@ -153,6 +157,7 @@ def summarize(
             "num_cancelled": int((req["status"] == "cancelled").sum()),
             "mean_queue_delay_ms": float(queue.mean()) if queue.size else math.nan,
             "p99_queue_delay_ms": float(np.percentile(queue, 99)) if queue.size else math.nan,
+            "queue_delay_growth": queue_delay_growth(req["arrival_time_s"], req["queue_delay_ms"]),
             "padding_fraction": it["num_padding_tokens"] / computed_tokens
             if computed_tokens
             else 0.0,
@@ -165,6 +170,25 @@ def summarize(
         }
     )
     return out
+
+
+def queue_delay_growth(arrival_s: np.ndarray, queue_delay_ms: np.ndarray) -> float:
+    """How fast the queue grows: the least-squares slope of queueing delay against arrival time
+    (seconds of delay per second of arrivals) over the requests that were scheduled.
+
+    About 0 for a stable system; when arrivals outpace service by a factor rho > 1 (a FIFO
+    queue), each second of arrivals adds about rho - 1 seconds of delay. NaN with fewer than
+    two scheduled requests or when they all arrived at the same instant.
+    """
+    scheduled = ~np.isnan(queue_delay_ms)
+    x = arrival_s[scheduled]
+    if x.size < 2:
+        return math.nan
+    x = x - x.mean()
+    spread = float(np.dot(x, x))
+    if spread <= 0.0:
+        return math.nan
+    return float(np.dot(x, queue_delay_ms[scheduled] / 1e3) / spread)
 
 
 def _peaks(done: Columns, tokens: TokenRuns, runs: RunTable) -> dict[str, float]:
