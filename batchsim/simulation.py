@@ -18,7 +18,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,19 +108,36 @@ class Result:
             raise ConfigError(f"cannot write {target}: {_os_reason(exc)}") from exc
         return target
 
-    def _write(self, target: Path) -> None:
+    def write_files(self, out_dir: str | Path, names: Sequence[str] = OUTPUT_FILES) -> None:
+        """Write some of the output files into ``out_dir`` (created if needed), all or none.
+
+        Unlike :meth:`write`, the directory is not checked: the caller owns it (a sweep writes
+        each point's files into the point's own folder).
+
+        Raises:
+            OSError: The OS refused; the files already there are as they were.
+        """
+        self._write(Path(out_dir), names)
+
+    def _write(self, target: Path, names: Sequence[str] = OUTPUT_FILES) -> None:
         created = _make_dirs(target.parent)
         into_existing = target.is_dir()
         staging = _make_staging_dir(target if into_existing else target.parent)
+        writers = {
+            "summary.json": lambda path: path.write_text(
+                summary_json(self.summary), encoding="utf-8"
+            ),
+            "requests.csv": lambda path: write_csv([self.request_columns], REQUEST_COLUMNS, path),
+            "iterations.csv": lambda path: write_csv(
+                self.iteration_log.windows(), ITERATION_COLUMNS, path
+            ),
+            "config.yaml": lambda path: path.write_text(dump_config(self.config), encoding="utf-8"),
+        }
         try:
-            (staging / "summary.json").write_text(
-                json.dumps(_jsonable(self.summary), indent=2) + "\n", encoding="utf-8"
-            )
-            write_csv([self.request_columns], REQUEST_COLUMNS, staging / "requests.csv")
-            write_csv(self.iteration_log.windows(), ITERATION_COLUMNS, staging / "iterations.csv")
-            (staging / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
+            for name in names:
+                writers[name](staging / name)
             if into_existing:
-                for name in OUTPUT_FILES:
+                for name in names:
                     os.replace(staging / name, target / name)
             else:
                 os.rename(staging, target)
@@ -130,6 +147,11 @@ class Result:
             for directory in reversed(created):
                 with contextlib.suppress(OSError):
                     directory.rmdir()
+
+
+def summary_json(summary: Mapping[str, Any]) -> str:
+    """The text of ``summary.json`` (NaN and infinity as null)."""
+    return json.dumps(_jsonable(summary), indent=2) + "\n"
 
 
 def _os_reason(exc: OSError) -> str:

@@ -1,0 +1,408 @@
+"""``batchsim capacity``: the highest arrival rate each configuration sustains within an SLO.
+
+For every configuration of the grid (the base experiment alone without one), a search on
+``workload.arrival.rate``:
+
+1. *Bracket.* Simulate the experiment's own rate; double it while it is sustained, halve it
+   while it is not, until one sustained rate and one unsustained rate twice as high are known.
+2. *Bisect* geometrically between them (rates rounded to 6 significant digits) until the
+   unsustained rate is within ``rtol`` of the sustained one. ``max_request_rate`` is the
+   highest sustained rate found: the true capacity lies in [max_request_rate,
+   max_request_rate x (1 + rtol)) when the criterion is monotone in the rate.
+
+A rate is *sustained* when every SLO holds at it and the engine keeps up with it:
+
+- ``--slo METRIC=LIMIT``: a summary metric (``p90_ttft_ms``, ``p99_tpot_ms``,
+  ``mean_e2el_ms``, ...) must be <= LIMIT; with ``--attainment A``, the SLOs are per-request
+  limits (``ttft_ms``, ``tpot_ms``, ``e2el_ms``) and at least a fraction A of the requests must
+  finish within all of them (``slo_attainment``, DistServe's definition);
+- *stability*: the queue must not grow through the run: ``queue_delay_growth`` (the
+  least-squares slope of queueing delay over arrival time, seconds per second) must be at
+  most ``max_queue_growth`` (0.05 by default: arrivals outpacing service by more than about
+  5 % fail). Latency SLOs alone would pass an overloaded engine whose run is too short for
+  its queue to hurt yet.
+
+Every rate simulated is a point of the study folder (``points/<configuration>,rate=R``), so
+an interrupted search resumes where it stopped; the search is deterministic, so a rerun asks
+for the same rates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchsim.config import ExperimentConfig
+from batchsim.errors import ConfigError
+from batchsim.studies.grid import cell, expand, label_part
+from batchsim.studies.store import FileDigests, Outcome, Point, PointStore
+from batchsim.studies.sweep import (
+    SweepPlan,
+    _label,
+    _short_names,
+    _unique_labels,
+    scalar_metrics,
+    write_marker,
+    write_table,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RATE_KEY = "workload.arrival.rate"
+MAX_DOUBLINGS = 10
+"""How far the bracket search goes from the experiment's rate: up to x or / 2**10."""
+DEFAULT_RTOL = 0.02
+DEFAULT_MAX_QUEUE_GROWTH = 0.05
+
+SUMMARY_SLOS = (
+    *(
+        f"{stat}_{metric}_ms"
+        for metric in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "p90", "p99")
+    ),
+    "mean_queue_delay_ms",
+    "p99_queue_delay_ms",
+)
+"""Summary metrics an SLO may bound (lower is better)."""
+REQUEST_SLOS = ("ttft_ms", "tpot_ms", "e2el_ms")
+"""Per-request limits for ``--attainment`` (the keys of the experiment's ``slo:`` block)."""
+
+
+def parse_slo(items: Mapping[str, Any] | list[str], attainment: float | None) -> dict[str, float]:
+    """``["p99_ttft_ms=2000", ...]`` (or a mapping) -> ``{"p99_ttft_ms": 2000.0, ...}``."""
+    allowed = REQUEST_SLOS if attainment is not None else SUMMARY_SLOS
+    pairs: list[tuple[str, Any, str]] = []
+    if isinstance(items, Mapping):
+        pairs = [(k, v, f"slo {k}") for k, v in items.items()]
+    else:
+        for item in items:
+            key, sep, raw = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--slo {item!r}: expected METRIC=LIMIT, e.g. p99_ttft_ms=2000")
+            pairs.append((key.strip(), raw.strip(), f"--slo {item}"))
+    if not pairs:
+        raise ConfigError("capacity needs at least one --slo METRIC=LIMIT, e.g. p99_ttft_ms=2000")
+    out: dict[str, float] = {}
+    for key, raw, label in pairs:
+        if key not in allowed:
+            hint = (
+                "with --attainment an SLO is a per-request limit"
+                if attainment is not None
+                else "an SLO bounds a summary latency metric"
+            )
+            raise ConfigError(f"{label}: unknown metric {key!r}; {hint}: {', '.join(allowed)}")
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{label}: the limit must be a number of ms, got {raw!r}") from None
+        if isinstance(raw, bool) or not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{label}: the limit must be a finite number of ms > 0, got {raw!r}")
+        out[key] = value
+    return out
+
+
+def _round(rate: float) -> float:
+    return float(f"{rate:.6g}")
+
+
+@dataclass
+class Judge:
+    """Whether a run sustains its rate, and if not, why."""
+
+    slo: dict[str, float]
+    attainment: float | None = None
+    max_queue_growth: float = DEFAULT_MAX_QUEUE_GROWTH
+
+    def __call__(self, summary: Mapping[str, Any]) -> str:
+        """Empty if sustained, else the first reason it is not (``p99_ttft_ms 2345 > 2000``)."""
+        if not summary.get("completed"):
+            return "no request finished"
+        if self.attainment is not None:
+            got = summary.get("slo_attainment")
+            if got is None or not got >= self.attainment:
+                return f"slo_attainment {_num(got)} < {self.attainment:g}"
+        else:
+            for key, limit in self.slo.items():
+                got = summary.get(key)
+                if got is None or not got <= limit:
+                    return f"{key} {_num(got)} > {limit:g}"
+        growth = summary.get("queue_delay_growth")
+        if growth is not None and growth == growth and growth > self.max_queue_growth:
+            return f"queue grows (queue_delay_growth {growth:.3g} > {self.max_queue_growth:g})"
+        return ""
+
+
+def _num(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "undefined"
+    return f"{value:.4g}"
+
+
+@dataclass
+class Search:
+    """The rate search of one configuration."""
+
+    label: str
+    values: dict[str, Any]
+    base: ExperimentConfig | None
+    error: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    lo_outcome: Outcome | None = None
+    lo_label: str = ""
+    reason: str = ""
+    evaluations: int = 0
+    done: bool = False
+
+    def next_rate(self, rtol: float, start: float) -> float | None:
+        """The next rate to try, or None when the search is over."""
+        if self.lo is None and self.hi is None:
+            return start
+        if self.lo is None:
+            assert self.hi is not None
+            if self.hi <= start / 2**MAX_DOUBLINGS:
+                return None
+            return self.hi / 2
+        if self.hi is None:
+            if self.lo >= start * 2**MAX_DOUBLINGS or self.lo >= _max_rate():
+                return None
+            return min(self.lo * 2, _max_rate())
+        if self.hi <= self.lo * (1 + rtol):
+            return None
+        mid = math.sqrt(self.lo * self.hi)
+        rounded = _round(mid)
+        return rounded if self.lo < rounded < self.hi else mid
+
+
+def _max_rate() -> float:
+    from batchsim.workload.common import MAX_RATE
+
+    return MAX_RATE
+
+
+@dataclass
+class CapacityPlan:
+    """A capacity study: a sweep plan (its configurations) and the search settings."""
+
+    plan: SweepPlan
+    judge: Judge
+    rtol: float = DEFAULT_RTOL
+
+
+def _start_rate(config: ExperimentConfig) -> float:
+    arrival = config.workload.arrival
+    rate = getattr(arrival, "rate", None)
+    if arrival is None or rate is None:
+        what = "a closed loop or a trace replay" if arrival is None else arrival.process
+        raise ConfigError(
+            f"capacity searches {RATE_KEY}, but this workload has no arrival rate ({what}); "
+            "use workload.arrival.process poisson, gamma, constant or burst"
+        )
+    return float(rate)
+
+
+def run_capacity(
+    cplan: CapacityPlan,
+    executor: Executor,
+    *,
+    out_dir: Path | None = None,
+    progress: str = "off",
+) -> pd.DataFrame:
+    """Search every configuration's capacity; with ``out_dir``, resumable and written there
+    (``sweep.json``, ``points/``, ``capacity.csv``/``.parquet``)."""
+    from batchsim.studies.runner import Progress, Runner
+    from batchsim.studies.store import check_study_dir
+
+    plan = cplan.plan
+    if RATE_KEY in plan.varied or any(k.startswith(RATE_KEY + ".") for k in plan.varied):
+        raise ConfigError(f"capacity searches {RATE_KEY}; do not vary it with --grid")
+    short = _short_names(plan.varied)
+    searches: list[Search] = []
+    slo_override = {"slo": dict(cplan.judge.slo)} if cplan.judge.attainment is not None else {}
+    for values in expand(plan.axes):
+        label = _label(values, short, None)
+        try:
+            base = plan.source.load({**values, **slo_override}, origin="--grid")
+            _start_rate(base)
+            searches.append(Search(label, dict(values), base))
+        except ConfigError as exc:
+            searches.append(Search(label, dict(values), None, error=str(exc), done=True))
+    if searches and all(s.base is None for s in searches):
+        first = searches[0].error
+        raise ConfigError(
+            first if len(searches) == 1 else f"every configuration is invalid; the first: {first}"
+        )
+    store = None
+    if out_dir is not None:
+        check_study_dir(out_dir, plan.kind)
+        store = PointStore(out_dir, FileDigests())
+        write_marker(plan, out_dir, len(searches))
+    runner = Runner(executor, store, write_csv=False, progress=Progress("capacity", progress))
+    labels: set[str] = set()
+
+    def submit(search: Search) -> None:
+        assert search.base is not None
+        start = _start_rate(search.base)
+        rate = search.next_rate(cplan.rtol, start)
+        if rate is None:
+            search.done = True
+            return
+        overrides = {**search.values, **slo_override, RATE_KEY: rate}
+        try:
+            config = plan.source.load(overrides, origin="--grid")
+            error = ""
+        except ConfigError as exc:
+            config, error = None, str(exc)
+        name = f"{search.label},rate={label_part(rate)}" if search.values else f"rate={rate:g}"
+        point = Point(name, {**search.values, RATE_KEY: rate}, config, error)
+        if point.label in labels:  # two configurations whose labels collide
+            _unique_labels([point, Point(point.label, {}, None)])
+        labels.add(point.label)
+        runner.submit(point, lambda p, o: judged(search, rate, p, o))
+
+    def judged(search: Search, rate: float, point: Point, outcome: Outcome) -> None:
+        search.evaluations += 1
+        if outcome.summary is None:
+            if search.lo is None and search.hi is None:  # the configuration itself is bad
+                search.error, search.done = outcome.error, True
+                return
+            reason = outcome.error
+        else:
+            reason = cplan.judge(outcome.summary)
+        if reason:
+            search.hi, search.reason = rate, reason
+        else:
+            search.lo, search.lo_outcome, search.lo_label = rate, outcome, point.label
+        submit(search)
+
+    for search in searches:
+        if not search.done:
+            submit(search)
+    runner.run_until_done()
+    table = _capacity_table(searches, plan.varied)
+    if out_dir is not None:
+        write_table(table, out_dir, "capacity")
+    return table
+
+
+def _capacity_table(searches: list[Search], varied: list[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    metrics: dict[str, None] = {}
+    for s in searches:
+        if s.lo_outcome is not None and s.lo_outcome.summary is not None:
+            metrics.update(dict.fromkeys(scalar_metrics(s.lo_outcome.summary)))
+    rows = []
+    for s in searches:
+        row: dict[str, Any] = {key: cell(s.values.get(key)) for key in varied}
+        gpus = s.base.num_gpus if s.base is not None else math.nan
+        if s.base is None or (s.lo is None and s.hi is None):
+            rate = math.nan
+        else:
+            rate = s.lo if s.lo is not None else 0.0
+        row["max_request_rate"] = rate
+        row["max_request_rate_per_gpu"] = rate / gpus if rate == rate else math.nan
+        row["num_gpus"] = gpus
+        if s.hi is None and s.lo is not None:
+            row["limited_by"] = f"nothing up to {s.lo:g} req/s"
+        else:
+            row["limited_by"] = s.reason
+        row["num_evaluations"] = s.evaluations
+        summary = s.lo_outcome.summary if s.lo_outcome is not None else None
+        found = scalar_metrics(summary) if summary is not None else {}
+        row.update({m: found.get(m, math.nan) for m in metrics})
+        row["error"] = s.error
+        row["point"] = s.lo_label
+        rows.append(row)
+    columns = [
+        *varied,
+        "max_request_rate",
+        "max_request_rate_per_gpu",
+        "num_gpus",
+        "limited_by",
+        "num_evaluations",
+        *metrics,
+        "error",
+        "point",
+    ]
+    return pd.DataFrame(rows, columns=list(dict.fromkeys(columns)))
+
+
+def capacity(
+    base: str | Path | Mapping[str, Any],
+    slo: Mapping[str, float],
+    grid: Mapping[str | tuple[str, ...], Any] | None = None,
+    *,
+    attainment: float | None = None,
+    rtol: float = DEFAULT_RTOL,
+    max_queue_growth: float = DEFAULT_MAX_QUEUE_GROWTH,
+    executor: Executor | None = None,
+    out_dir: str | Path | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """The highest arrival rate each configuration sustains within ``slo`` (``capacity.csv``).
+
+    Args:
+        base: The base experiment (YAML path, built-in name or mapping) with an arrival rate.
+        slo: Summary metric -> limit in ms (``{"p99_ttft_ms": 2000}``); with ``attainment``,
+            per-request limits (``{"ttft_ms": 2000, "tpot_ms": 100}``).
+        grid: Configurations, as for :func:`batchsim.sweep` (the ``sweep:`` block's grid and
+            zip groups apply too).
+        attainment: Fraction of requests that must meet every per-request limit.
+        rtol: Relative tolerance of the search.
+        max_queue_growth: Stability criterion (see the module documentation).
+        executor: Any :class:`concurrent.futures.Executor`; default: a local process pool.
+        out_dir: Also write the study folder there (resumable).
+        progress: Show progress on stderr.
+    """
+    from batchsim.config import ExperimentSource
+    from batchsim.studies.backends import open_executor
+    from batchsim.studies.sweep import block_axes, grid_axes, merge_axes
+
+    source = ExperimentSource.read(base)
+    block, _ = block_axes(source)
+    axes = merge_axes(block, grid_axes(grid or {}))
+    cplan = make_plan(source, axes, slo, attainment, rtol, max_queue_growth)
+    target = Path(out_dir) if out_dir is not None else None
+    mode = "auto" if progress else "off"
+    if executor is not None:
+        return run_capacity(cplan, executor, out_dir=target, progress=mode)
+    with open_executor("local") as pool:
+        return run_capacity(cplan, pool, out_dir=target, progress=mode)
+
+
+def make_plan(
+    source: Any,
+    axes: list[Any],
+    slo: Mapping[str, Any] | list[str],
+    attainment: float | None,
+    rtol: float,
+    max_queue_growth: float,
+) -> CapacityPlan:
+    """Check the search settings and build the plan."""
+    if attainment is not None and (
+        isinstance(attainment, bool) or not (0 < float(attainment) <= 1)
+    ):
+        raise ConfigError(f"--attainment must be a fraction in (0, 1], got {attainment!r}")
+    if isinstance(rtol, bool) or not (1e-6 <= float(rtol) <= 1):
+        raise ConfigError(f"--rtol must be a number from 1e-6 to 1, got {rtol!r}")
+    if isinstance(max_queue_growth, bool) or not (0 <= float(max_queue_growth) <= 10):
+        raise ConfigError(
+            f"--max-queue-growth must be a number from 0 to 10, got {max_queue_growth!r}"
+        )
+    limits = parse_slo(slo, attainment)
+    judge = Judge(limits, attainment, float(max_queue_growth))
+    extra = {
+        "slo": limits,
+        "attainment": attainment,
+        "rtol": float(rtol),
+        "max_queue_growth": float(max_queue_growth),
+        "rate_key": RATE_KEY,
+    }
+    plan = SweepPlan(source, axes, 1, kind="capacity", extra=extra)
+    return CapacityPlan(plan, judge, float(rtol))

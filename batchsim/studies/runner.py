@@ -1,0 +1,152 @@
+"""Run the points of a study on an executor: skip finished ones, record each as it ends,
+report progress. Studies that choose their next points from the last results (capacity's
+bisection) submit from the callback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from typing import Any, TextIO
+
+from batchsim.studies.backends import run_point
+from batchsim.studies.store import Outcome, Point, PointStore
+
+Callback = Callable[[Point, Outcome], None]
+
+
+class Progress:
+    """A progress bar with ETA on a terminal (tqdm), one line per point otherwise, or nothing.
+
+    Args:
+        mode: ``"auto"`` (a bar if ``stream`` is a terminal, else lines), ``"bar"``,
+            ``"lines"`` or ``"off"``.
+    """
+
+    def __init__(self, what: str, mode: str = "auto", stream: TextIO | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        if mode == "auto":
+            mode = "bar" if self.stream.isatty() else "lines"
+        self.mode = mode
+        self.what = what
+        self.total = 0
+        self.done = 0
+        self._bar: Any = None
+
+    def add(self, count: int) -> None:
+        self.total += count
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
+    def start(self) -> None:
+        if self.mode == "bar":
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=self.total, initial=self.done, unit="point", desc=self.what,
+                file=self.stream, dynamic_ncols=True,
+            )  # fmt: skip
+
+    def update(self, point: Point, outcome: Outcome) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(1)
+        elif self.mode == "lines" and not outcome.resumed:
+            status = f"{outcome.wall_time_s:.2f} s" if outcome.ok else f"failed: {outcome.error}"
+            print(
+                f"batchsim: {self.what} {self.done}/{self.total} {point.label}: {status}",
+                file=self.stream,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class Runner:
+    """Runs points on ``executor``; with a ``store``, skips finished points and records each.
+
+    Args:
+        executor: Where points run.
+        store: The study folder, or None to keep nothing on disk.
+        write_csv: Write each point's ``requests.csv`` and ``iterations.csv`` too.
+        progress: Progress reporting.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        store: PointStore | None,
+        *,
+        write_csv: bool,
+        progress: Progress,
+    ):
+        self.executor = executor
+        self.store = store
+        self.write_csv = write_csv
+        self.progress = progress
+        self._pending: dict[Future[Any], tuple[Point, Callback]] = {}
+        self._ready: list[tuple[Point, Outcome, Callback]] = []
+        self.num_resumed = 0
+        self.num_run = 0
+
+    def submit(self, point: Point, callback: Callback) -> None:
+        """Run ``point`` (or take its finished outcome) and call ``callback`` with it, from
+        :meth:`run_until_done`."""
+        self.progress.add(1)
+        if point.config is None:
+            if self.store is not None:
+                self.store.prepare(point)
+            self._ready.append((point, Outcome(None, point.error, 0.0), callback))
+            return
+        if self.store is not None:
+            previous = self.store.finished(point, self.write_csv)
+            if previous is not None:
+                self.num_resumed += 1
+                self._ready.append((point, previous, callback))
+                return
+            folder = self.store.prepare(point)
+        task = point.task()
+        if self.store is not None and self.write_csv:
+            task["csv_dir"] = str(folder)
+        self.num_run += 1
+        self._pending[self.executor.submit(run_point, task)] = (point, callback)
+
+    def run_until_done(self) -> None:
+        """Wait for every submitted point, including those submitted by callbacks."""
+        self.progress.start()
+        try:
+            while self._ready or self._pending:
+                while self._ready:
+                    point, outcome, callback = self._ready.pop(0)
+                    self._finish(point, outcome, callback)
+                if not self._pending:
+                    continue
+                done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: self._pending[f][0].label):
+                    point, callback = self._pending.pop(future)
+                    reply = future.result()
+                    outcome = Outcome(
+                        reply["summary"],
+                        reply["error"],
+                        float(reply["wall_time_s"]),
+                        internal=bool(reply["internal"]),
+                    )
+                    self._finish(point, outcome, callback)
+        finally:
+            self.progress.close()
+
+    def _finish(self, point: Point, outcome: Outcome, callback: Callback) -> None:
+        if self.store is not None and not outcome.resumed:
+            self.store.record(point, outcome, _values_record(point))
+        self.progress.update(point, outcome)
+        callback(point, outcome)
+
+
+def _values_record(point: Point) -> dict[str, Any]:
+    from batchsim.studies.grid import cell
+
+    return {key: cell(value) for key, value in point.values.items()}
