@@ -5,6 +5,9 @@ For every configuration of the grid (the base experiment alone without one), a s
 
 1. *Bracket.* Simulate the experiment's own rate; double it while it is sustained, halve it
    while it is not, until one sustained rate and one unsustained rate twice as high are known.
+   (A rate that misses a latency SLO while its queue is stable may lie below the policy's
+   sweet spot — static batching waits longer to fill its batch at lower rates — so the search
+   doubles above it first, and halves only once a rate's queue has grown.)
 2. *Bisect* geometrically between them (rates rounded to 6 significant digits) until the
    unsustained rate is within ``rtol`` of the sustained one. ``max_request_rate`` is the
    highest sustained rate found: the true capacity lies in [max_request_rate,
@@ -32,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,10 +134,15 @@ class Judge:
                 got = summary.get(key)
                 if got is None or not got <= limit:
                     return f"{key} {_num(got)} > {limit:g}"
-        growth = summary.get("queue_delay_growth")
-        if growth is not None and growth == growth and growth > self.max_queue_growth:
+        if self.queue_grows(summary):
+            growth = summary["queue_delay_growth"]
             return f"queue grows (queue_delay_growth {growth:.3g} > {self.max_queue_growth:g})"
         return ""
+
+    def queue_grows(self, summary: Mapping[str, Any]) -> bool:
+        """The stability criterion fails: queueing delay grows faster than allowed."""
+        growth = summary.get("queue_delay_growth")
+        return growth is not None and growth == growth and growth > self.max_queue_growth
 
 
 def _num(value: Any) -> str:
@@ -145,38 +153,66 @@ def _num(value: Any) -> str:
 
 @dataclass
 class Search:
-    """The rate search of one configuration."""
+    """The rate search of one configuration.
+
+    ``tried`` holds every rate simulated, whether it was sustained, and whether its queue
+    grew. The highest sustained rate and the lowest unsustained rate above it bracket the
+    capacity. Before any rate is sustained: if some rate's queue grew, the search halves below
+    the lowest rate tried; if not (every failure is a latency SLO with a stable queue, which
+    happens below a batching policy's sweet spot, e.g. static batching waiting to fill its
+    batch at low rates), it doubles above the highest rate tried first.
+    """
 
     label: str
     values: dict[str, Any]
     base: ExperimentConfig | None
     error: str = ""
-    lo: float | None = None
-    hi: float | None = None
+    tried: list[tuple[float, bool, bool, str]] = field(default_factory=list)
     lo_outcome: Outcome | None = None
     lo_label: str = ""
-    reason: str = ""
-    evaluations: int = 0
     done: bool = False
+
+    @property
+    def lo(self) -> float | None:
+        """The highest sustained rate."""
+        passed = [rate for rate, ok, _, _ in self.tried if ok]
+        return max(passed) if passed else None
+
+    @property
+    def hi(self) -> float | None:
+        """The lowest unsustained rate above :attr:`lo` (or at all, if none is sustained)."""
+        lo = self.lo
+        failed = [rate for rate, ok, _, _ in self.tried if not ok and (lo is None or rate > lo)]
+        return min(failed) if failed else None
+
+    @property
+    def reason(self) -> str:
+        """Why :attr:`hi` is not sustained."""
+        hi = self.hi
+        return next((why for rate, _, _, why in self.tried if rate == hi), "")
 
     def next_rate(self, rtol: float, start: float) -> float | None:
         """The next rate to try, or None when the search is over."""
-        if self.lo is None and self.hi is None:
+        if not self.tried:
             return start
-        if self.lo is None:
-            assert self.hi is not None
-            if self.hi <= start / 2**MAX_DOUBLINGS:
+        lo, hi = self.lo, self.hi
+        rates = [rate for rate, *_ in self.tried]
+        if lo is None:
+            if not any(grew for _, _, grew, _ in self.tried):
+                top = max(rates)
+                if top < start * 2**MAX_DOUBLINGS and top < _max_rate():
+                    return min(top * 2, _max_rate())
+            bottom = min(rates)
+            return bottom / 2 if bottom > start / 2**MAX_DOUBLINGS else None
+        if hi is None:
+            if lo >= start * 2**MAX_DOUBLINGS or lo >= _max_rate():
                 return None
-            return self.hi / 2
-        if self.hi is None:
-            if self.lo >= start * 2**MAX_DOUBLINGS or self.lo >= _max_rate():
-                return None
-            return min(self.lo * 2, _max_rate())
-        if self.hi <= self.lo * (1 + rtol):
+            return min(lo * 2, _max_rate())
+        if hi <= lo * (1 + rtol):
             return None
-        mid = math.sqrt(self.lo * self.hi)
+        mid = math.sqrt(lo * hi)
         rounded = _round(mid)
-        return rounded if self.lo < rounded < self.hi else mid
+        return rounded if lo < rounded < hi else mid
 
 
 def _max_rate() -> float:
@@ -266,18 +302,17 @@ def run_capacity(
         runner.submit(point, lambda p, o: judged(search, rate, p, o))
 
     def judged(search: Search, rate: float, point: Point, outcome: Outcome) -> None:
-        search.evaluations += 1
         if outcome.summary is None:
-            if search.lo is None and search.hi is None:  # the configuration itself is bad
+            if not search.tried:  # the configuration itself is bad
                 search.error, search.done = outcome.error, True
                 return
-            reason = outcome.error
+            reason, grew = outcome.error, True  # a rate too high to simulate: go lower
         else:
             reason = cplan.judge(outcome.summary)
-        if reason:
-            search.hi, search.reason = rate, reason
-        else:
-            search.lo, search.lo_outcome, search.lo_label = rate, outcome, point.label
+            grew = cplan.judge.queue_grows(outcome.summary)
+        if not reason and (search.lo is None or rate > search.lo):
+            search.lo_outcome, search.lo_label = outcome, point.label
+        search.tried.append((rate, not reason, grew, reason))
         submit(search)
 
     for search in searches:
@@ -312,7 +347,7 @@ def _capacity_table(searches: list[Search], varied: list[str]) -> pd.DataFrame:
             row["limited_by"] = f"nothing up to {s.lo:g} req/s"
         else:
             row["limited_by"] = s.reason
-        row["num_evaluations"] = s.evaluations
+        row["num_evaluations"] = len(s.tried)
         summary = s.lo_outcome.summary if s.lo_outcome is not None else None
         found = scalar_metrics(summary) if summary is not None else {}
         row.update({m: found.get(m, math.nan) for m in metrics})

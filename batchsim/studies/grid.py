@@ -29,7 +29,8 @@ RANGE_FORMS = (
     "pow2:A..B (powers of two from A to B)",
     "range:A..B[:STEP] (A, A+STEP, ... up to B; STEP 1 by default)",
     "lin:A..B:N (N evenly spaced values, both ends included)",
-    "log:A..B:N (N geometrically spaced values, both ends included)",
+    "log:A..B:N (N geometrically spaced values, both ends included; lin and log give whole "
+    "numbers when A and B are whole and rounding repeats no value)",
 )
 VALUES_HELP = (
     "VALUES is a comma-separated list of YAML values (1,2,4 or a100-80gb,h100-sxm or "
@@ -120,10 +121,9 @@ def _range_values(form: str, body: str, label: str) -> list[Any]:
             ratio = math.log(hi / lo)
             raw = [lo * math.exp(ratio * i / max(n - 1, 1)) for i in range(n)]
         raw[-1] = hi
-        if integers:
-            values = list(dict.fromkeys(round(v) for v in raw))  # rounded, duplicates dropped
-        else:
-            values = [_clean(v) for v in raw]
+        rounded = [round(v) for v in raw]
+        # integer bounds: whole numbers, unless rounding would repeat one
+        values = rounded if integers and len(set(rounded)) == n else [_clean(v) for v in raw]
     if len(values) > MAX_AXIS_VALUES:
         raise ConfigError(f"{label}: {len(values):,} values; an axis may have {MAX_AXIS_VALUES:,}")
     return values

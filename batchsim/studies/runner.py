@@ -5,11 +5,12 @@ bisection) submit from the callback."""
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from typing import Any, TextIO
 
-from batchsim.studies.backends import run_point
+from batchsim.studies.backends import InlineExecutor, run_point
 from batchsim.studies.store import Outcome, Point, PointStore
 
 Callback = Callable[[Point, Outcome], None]
@@ -74,6 +75,9 @@ class Runner:
         store: The study folder, or None to keep nothing on disk.
         write_csv: Write each point's ``requests.csv`` and ``iterations.csv`` too.
         progress: Progress reporting.
+        max_in_flight: Points submitted to the executor at a time (default: twice its
+            workers, one for an :class:`InlineExecutor`): each point is recorded as soon as
+            it ends, and a large grid is not queued all at once.
     """
 
     def __init__(
@@ -83,13 +87,16 @@ class Runner:
         *,
         write_csv: bool,
         progress: Progress,
+        max_in_flight: int | None = None,
     ):
         self.executor = executor
         self.store = store
         self.write_csv = write_csv
         self.progress = progress
         self._pending: dict[Future[Any], tuple[Point, Callback]] = {}
-        self._ready: list[tuple[Point, Outcome, Callback]] = []
+        self._ready: deque[tuple[Point, Outcome, Callback]] = deque()
+        self._waiting: deque[tuple[Point, dict[str, Any], Callback]] = deque()
+        self.max_in_flight = max_in_flight if max_in_flight is not None else _window(executor)
         self.num_resumed = 0
         self.num_run = 0
 
@@ -113,16 +120,22 @@ class Runner:
         if self.store is not None and self.write_csv:
             task["csv_dir"] = str(folder)
         self.num_run += 1
-        self._pending[self.executor.submit(run_point, task)] = (point, callback)
+        self._waiting.append((point, task, callback))
+
+    def _fill(self) -> None:
+        while self._waiting and len(self._pending) < self.max_in_flight:
+            point, task, callback = self._waiting.popleft()
+            self._pending[self.executor.submit(run_point, task)] = (point, callback)
 
     def run_until_done(self) -> None:
         """Wait for every submitted point, including those submitted by callbacks."""
         self.progress.start()
         try:
-            while self._ready or self._pending:
+            while self._ready or self._pending or self._waiting:
                 while self._ready:
-                    point, outcome, callback = self._ready.pop(0)
+                    point, outcome, callback = self._ready.popleft()
                     self._finish(point, outcome, callback)
+                self._fill()
                 if not self._pending:
                     continue
                 done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
@@ -144,6 +157,13 @@ class Runner:
             self.store.record(point, outcome, _values_record(point))
         self.progress.update(point, outcome)
         callback(point, outcome)
+
+
+def _window(executor: Executor) -> int:
+    if isinstance(executor, InlineExecutor):
+        return 1
+    workers = getattr(executor, "_max_workers", None) or getattr(executor, "num_cpus", None)
+    return 2 * int(workers) if workers else 256
 
 
 def _values_record(point: Point) -> dict[str, Any]:
