@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -92,20 +93,20 @@ def default_workers() -> int:
 
 
 def local_pool(workers: int) -> Executor:
-    """A process pool whose workers import batchsim once and run many points.
+    """A process pool whose workers run many points each.
 
-    On Linux the workers fork from a server process that has imported the simulator already,
-    so a new worker costs a fork, not an import.
+    On Linux the workers are forked from this process, with batchsim already imported: a
+    worker costs a fork, not an interpreter start and an import, and a script calling
+    :func:`batchsim.sweep` needs no ``if __name__ == "__main__":`` guard. Elsewhere they are
+    spawned (fork is unsafe on macOS), and scripts need the guard as for any process pool.
+    The pool starts all its workers at once, before any thread of the sweep exists.
     """
     if workers <= 1:
         return InlineExecutor()
-    methods = multiprocessing.get_all_start_methods()
-    context: Any
-    if "forkserver" in methods:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["batchsim.studies.backends", "batchsim.simulation"])
-    else:
-        context = multiprocessing.get_context("spawn")
+    import batchsim.simulation  # noqa: F401  (imported once here, inherited by the workers)
+
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    context = multiprocessing.get_context(method)
     return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_sigint)
 
 

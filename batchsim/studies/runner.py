@@ -129,6 +129,7 @@ class Runner:
 
     def run_until_done(self) -> None:
         """Wait for every submitted point, including those submitted by callbacks."""
+        self._fill()  # a local pool forks its workers now, before the progress bar's thread
         self.progress.start()
         try:
             while self._ready or self._pending or self._waiting:
