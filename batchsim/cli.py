@@ -7,6 +7,7 @@ when interrupted by SIGINT/SIGTERM.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
@@ -101,11 +102,18 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from batchsim.config import load_experiment, parse_override
+    from batchsim.config import ExperimentSource, parse_override
     from batchsim.simulation import check_output_dir, simulate
 
     overrides = dict(parse_override(item) for item in args.set)
-    config = load_experiment(args.experiment, overrides)
+    source = ExperimentSource.read(args.experiment)
+    config = source.load(overrides)
+    if "sweep" in source.studies:
+        print(
+            "note: the sweep: block is read by batchsim sweep and batchsim capacity; "
+            "run simulates the base experiment",
+            file=sys.stderr,
+        )
     out_dir = Path(args.output) if args.output else Path("runs") / config.name
     check_output_dir(out_dir)  # before simulating: a long run must not end in a refusal
     result = simulate(config, Path(args.experiment).parent)
@@ -130,6 +138,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     config = load_experiment(args.experiment, overrides)
     policy = load_policy(config.scheduler.policy)
     setup = build(config)
+    from batchsim.config import ExperimentSource
+    from batchsim.studies.sweep import block_axes
+
+    axes, seeds = block_axes(ExperimentSource.read(args.experiment))  # a bad block is an error
+    if axes or seeds > 1:
+        points = math.prod(len(axis) for axis in axes) * seeds
+        print(f"note: its sweep: block has {points:,} points", file=sys.stderr)
     # Everything `run` checks before simulating: draw the workload too (cheap), so a trace or a
     # distribution that `run` would reject is rejected here with the same message.
     generate(config.workload, config.seed, Path(args.experiment).parent)

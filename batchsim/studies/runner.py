@@ -95,7 +95,7 @@ class Runner:
         self.progress = progress
         self._pending: dict[Future[Any], tuple[Point, Callback]] = {}
         self._ready: deque[tuple[Point, Outcome, Callback]] = deque()
-        self._waiting: deque[tuple[Point, dict[str, Any], Callback]] = deque()
+        self._waiting: deque[tuple[Point, Callback]] = deque()
         self.max_in_flight = max_in_flight if max_in_flight is not None else _window(executor)
         self.num_resumed = 0
         self.num_run = 0
@@ -115,16 +115,17 @@ class Runner:
                 self.num_resumed += 1
                 self._ready.append((point, previous, callback))
                 return
-            folder = self.store.prepare(point)
-        task = point.task()
-        if self.store is not None and self.write_csv:
-            task["csv_dir"] = str(folder)
         self.num_run += 1
-        self._waiting.append((point, task, callback))
+        self._waiting.append((point, callback))
 
     def _fill(self) -> None:
         while self._waiting and len(self._pending) < self.max_in_flight:
-            point, task, callback = self._waiting.popleft()
+            point, callback = self._waiting.popleft()
+            task = point.task()
+            if self.store is not None:
+                folder = self.store.prepare(point)
+                if self.write_csv:
+                    task["csv_dir"] = str(folder)
             self._pending[self.executor.submit(run_point, task)] = (point, callback)
 
     def run_until_done(self) -> None:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,11 @@ class PointStore:
             for name in POINT_FILES[::-1]:  # point.json first: never finished-looking
                 with contextlib.suppress(FileNotFoundError):
                     (folder / name).unlink()
+            for leftover in folder.glob(".*"):  # temporary files of an interrupted write
+                if leftover.is_dir() and leftover.name.startswith(".batchsim-tmp-"):
+                    shutil.rmtree(leftover, ignore_errors=True)
+                elif leftover.name.endswith(".tmp"):
+                    leftover.unlink(missing_ok=True)
         except OSError as exc:
             raise _os_error(folder, exc) from None
         return folder

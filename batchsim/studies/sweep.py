@@ -312,13 +312,17 @@ def write_table(table: pd.DataFrame, root: Path, stem: str) -> None:
     """``<stem>.csv`` and ``<stem>.parquet`` in ``root``, each written atomically."""
     import secrets
 
+    import numpy as np
+
     frame = table.copy()
     for column in frame.columns:
         if frame[column].dtype == object:
             kinds = {type(v) for v in frame[column] if v is not None and v == v}
             if len(kinds) > 1:  # parquet needs one type per column
                 frame[column] = [None if v is None else str(v) for v in frame[column]]
-    write_atomic(root / f"{stem}.csv", frame.to_csv(index=False))
+    with np.errstate(invalid="ignore"):  # numpy < 1.25 warns casting NaN to text
+        text = frame.to_csv(index=False)
+    write_atomic(root / f"{stem}.csv", text)
     tmp = root / f".{stem}.parquet.{secrets.token_hex(4)}.tmp"
     try:
         frame.to_parquet(tmp, index=False)
