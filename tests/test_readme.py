@@ -52,3 +52,20 @@ def test_readme_python_api_example_runs(monkeypatch):
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["result"].summary["completed"] > 0
+
+
+def test_readme_sweep_and_capacity_api_example_runs(monkeypatch):
+    monkeypatch.chdir(README.parent)
+    text = README.read_text(encoding="utf-8").split("## Python API", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    code = next(b for b in blocks if "batchsim.sweep(" in b)
+    namespace: dict = {"batchsim": batchsim}
+    exec(compile(code, "README.md", "exec"), namespace)
+    table, capacity = namespace["table"], namespace["capacity"]
+    assert len(table) == 9 * 3 and (table["error"] == "").all()
+    stats = table.attrs["stats"]
+    assert list(stats["scheduler.max_num_seqs"]) == [2**k for k in range(9)]
+    assert (stats["num_seeds"] == 3).all()
+    assert list(capacity["scheduler.policy"]) == ["static", "continuous"]
+    static, continuous = capacity["max_request_rate"]
+    assert continuous > static
