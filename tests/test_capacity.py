@@ -96,7 +96,8 @@ def test_an_slo_no_rate_meets_gives_zero(tmp_path):
     s = service_time(exp)
     table = batchsim.capacity(exp, {"p90_ttft_ms": s * 1e3 / 2}, executor=INLINE)
     row = table.iloc[0]
-    assert row["max_request_rate"] == 0 and row["limited_by"].startswith("p90_ttft_ms")
+    assert row["max_request_rate"] == 0 and row["limited_by"].startswith("no rate from ")
+    assert ": p90_ttft_ms " in row["limited_by"]
     # upwards until the queue grows, then 10 halvings below the experiment's rate
     assert row["num_evaluations"] > 11
 

@@ -343,8 +343,14 @@ def _capacity_table(searches: list[Search], varied: list[str]) -> pd.DataFrame:
         row["max_request_rate"] = rate
         row["max_request_rate_per_gpu"] = rate / gpus if rate == rate else math.nan
         row["num_gpus"] = gpus
+        rates = [r for r, *_ in s.tried]
         if s.hi is None and s.lo is not None:
             row["limited_by"] = f"nothing up to {s.lo:g} req/s"
+        elif s.lo is None and rates:
+            row["limited_by"] = (
+                f"no rate from {min(rates):g} to {max(rates):g} req/s is sustained; "
+                f"at {min(rates):g}: {s.reason}"
+            )
         else:
             row["limited_by"] = s.reason
         row["num_evaluations"] = len(s.tried)

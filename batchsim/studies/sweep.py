@@ -63,6 +63,7 @@ KEY_METRICS = (
     "p99_tpot_ms",
     "p99_itl_ms",
     "mean_batch_size",
+    "busy_fraction",
 )
 """The metrics printed in the table on the terminal (the files have all of them)."""
 
