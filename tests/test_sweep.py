@@ -140,6 +140,16 @@ def test_bad_grids_are_refused(grid, words):
         merge_axes([], grid_axes(grid))
 
 
+def test_a_grid_too_large_is_refused_before_anything_runs(tmp_path, capsys):
+    exp = write_exp(tmp_path / "e.yaml", small())
+    argv = ["sweep", str(exp), "-o", str(tmp_path / "s"), "--seeds", "11"]
+    grid = ["--grid", "seed=range:0..99", "--grid", "workload.num_requests=range:1..100"]
+    assert cli.main([*argv, *grid]) == 2
+    err = capsys.readouterr().err
+    assert "110,000 points (seeds included); a sweep may have 100,000" in err
+    assert not (tmp_path / "s").exists()
+
+
 def test_cli_zip_group_needs_equal_lengths(tmp_path, capsys):
     exp = write_exp(tmp_path / "e.yaml", small())
     code = cli.main(

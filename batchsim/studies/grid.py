@@ -22,8 +22,8 @@ from batchsim.yamlio import loads
 
 MAX_AXIS_VALUES = 100_000
 """Values one axis may have."""
-MAX_POINTS = 1_000_000
-"""Points one grid may have (before seeds)."""
+MAX_POINTS = 100_000
+"""Points one study may have (seeds included): each resolved point holds its config (~7 KB)."""
 
 RANGE_FORMS = (
     "pow2:A..B (powers of two from A to B)",

@@ -36,6 +36,7 @@ from pydantic import Field, ValidationError
 from batchsim.config import ExperimentConfig, ExperimentSource
 from batchsim.errors import ConfigError
 from batchsim.studies.grid import (
+    MAX_POINTS,
     Axis,
     cell,
     check_key,
@@ -195,6 +196,11 @@ def resolve_points(plan: SweepPlan, origin: str = "--grid") -> list[Point]:
     A combination of values that does not make a valid experiment becomes a point with its
     one-line error; every point's error, if all fail, is raised instead (nothing to run).
     """
+    total = math.prod(len(axis) for axis in plan.axes) * plan.seeds
+    if total > MAX_POINTS:
+        raise ConfigError(
+            f"the sweep has {total:,} points (seeds included); a sweep may have {MAX_POINTS:,}"
+        )
     short = _short_names(plan.varied)
     points: list[Point] = []
     for values in expand(plan.axes):
