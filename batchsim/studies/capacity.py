@@ -45,10 +45,10 @@ from batchsim.studies.grid import cell, expand, label_part
 from batchsim.studies.store import FileDigests, Outcome, Point, PointStore
 from batchsim.studies.sweep import (
     SweepPlan,
-    _label,
-    _short_names,
-    _unique_labels,
+    make_labels_unique,
+    point_label,
     scalar_metrics,
+    short_names,
     write_marker,
     write_table,
 )
@@ -257,11 +257,11 @@ def run_capacity(
     plan = cplan.plan
     if RATE_KEY in plan.varied or any(k.startswith(RATE_KEY + ".") for k in plan.varied):
         raise ConfigError(f"capacity searches {RATE_KEY}; do not vary it with --grid")
-    short = _short_names(plan.varied)
+    short = short_names(plan.varied)
     searches: list[Search] = []
     slo_override = {"slo": dict(cplan.judge.slo)} if cplan.judge.attainment is not None else {}
     for values in expand(plan.axes):
-        label = _label(values, short, None)
+        label = point_label(values, short, None)
         try:
             base = plan.source.load({**values, **slo_override}, origin="--grid")
             _start_rate(base)
@@ -297,7 +297,7 @@ def run_capacity(
         name = f"{search.label},rate={label_part(rate)}" if search.values else f"rate={rate:g}"
         point = Point(name, {**search.values, RATE_KEY: rate}, config, error)
         if point.label in labels:  # two configurations whose labels collide
-            _unique_labels([point, Point(point.label, {}, None)])
+            make_labels_unique([point, Point(point.label, {}, None)])
         labels.add(point.label)
         runner.submit(point, lambda p, o: judged(search, rate, p, o))
 

@@ -173,13 +173,13 @@ def merge_axes(block: Sequence[Axis], given: Sequence[Axis]) -> list[Axis]:
     return combine_axes(axes)
 
 
-def _short_names(keys: Sequence[str]) -> dict[str, str]:
+def short_names(keys: Sequence[str]) -> dict[str, str]:
     """Folder-name prefix of each key: its last part, or the whole path where two collide."""
     last = [key.rsplit(".", 1)[-1] for key in keys]
     return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
 
 
-def _label(values: Mapping[str, Any], short: Mapping[str, str], seed: int | None) -> str:
+def point_label(values: Mapping[str, Any], short: Mapping[str, str], seed: int | None) -> str:
     parts = [f"{short[key]}={label_part(value)}" for key, value in values.items()]
     if seed is not None:
         parts.append(f"seed={seed}")
@@ -201,7 +201,7 @@ def resolve_points(plan: SweepPlan, origin: str = "--grid") -> list[Point]:
         raise ConfigError(
             f"the sweep has {total:,} points (seeds included); a sweep may have {MAX_POINTS:,}"
         )
-    short = _short_names(plan.varied)
+    short = short_names(plan.varied)
     points: list[Point] = []
     for values in expand(plan.axes):
         try:
@@ -218,9 +218,9 @@ def resolve_points(plan: SweepPlan, origin: str = "--grid") -> list[Point]:
                     config, error = None, f"seed {seed} is above 2**64 - 1"
                 elif rep:
                     config = base.model_copy(update={"seed": seed})
-            label = _label(values, short, seed if plan.seeds > 1 else None)
+            label = point_label(values, short, seed if plan.seeds > 1 else None)
             points.append(Point(label, dict(values), config, error if config is None else ""))
-    _unique_labels(points)
+    make_labels_unique(points)
     if points and all(p.config is None for p in points):
         first = points[0].error
         raise ConfigError(
@@ -229,7 +229,7 @@ def resolve_points(plan: SweepPlan, origin: str = "--grid") -> list[Point]:
     return points
 
 
-def _unique_labels(points: list[Point]) -> None:
+def make_labels_unique(points: list[Point]) -> None:
     seen: dict[str, int] = {}
     for p in points:
         seen[p.label] = seen.get(p.label, 0) + 1
