@@ -18,7 +18,7 @@ from typing import Any
 
 from batchsim.errors import ConfigError
 
-COMMANDS = ("run", "sweep", "capacity", "validate", "roofline", "list")
+COMMANDS = ("run", "sweep", "capacity", "plot", "report", "validate", "roofline", "list")
 LIST_KINDS = ("hardware", "models", "policies", "workloads")
 
 
@@ -400,6 +400,40 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from batchsim.plots import PlotOptions, figure, module
+    from batchsim.plots.style import save
+
+    module(args.kind)  # an unknown kind is an error before anything is read
+    if args.start is not None and args.end is not None and not args.start < args.end:
+        raise ConfigError(f"--from {args.start:g} must be before --to {args.end:g}")
+    out = Path(args.output) if args.output else Path(args.dirs[0]) / f"{args.kind}.png"
+    options = PlotOptions(metrics=list(args.metric), start=args.start, end=args.end)
+    fig = figure(args.kind, list(args.dirs), options)
+    save(fig, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from batchsim.plots.report import write_report
+
+    out = Path(args.output) if args.output else Path(args.dir) / "report.html"
+    write_report(args.dir, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
 DESCRIPTION = (
     "Simulate an LLM serving engine's batching policies (static, dynamic, continuous, chunked "
     "prefill) with a roofline cost model, without a GPU."
@@ -567,6 +601,41 @@ def build_parser() -> argparse.ArgumentParser:
         "second of arrivals) a sustained rate may have (default 0.05)",
     )
     p.set_defaults(func=_cmd_capacity)
+
+    from batchsim.plots import KINDS
+
+    p = sub.add_parser(
+        "plot",
+        help="draw a figure of saved runs, sweeps or capacity studies",
+        description="Draw a figure from result folders (batchsim run, sweep or capacity "
+        "output) into a .png, .svg or .pdf file. Kinds: "
+        + "; ".join(f"{kind}: {what}" for kind, (_, what) in KINDS.items())
+        + ".",
+    )
+    p.add_argument("kind", choices=list(KINDS), metavar="KIND", help=", ".join(KINDS))
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="result folders to draw")
+    p.add_argument("-o", "--output", metavar="FILE", help="figure file (default: DIR/KIND.png)")
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="what to draw where a kind offers a choice (knee: p99_itl_ms or p99_tpot_ms ...)",
+    )
+    p.add_argument("--from", dest="start", type=_seconds, metavar="S", help="start time (s)")
+    p.add_argument("--to", dest="end", type=_seconds, metavar="S", help="end time (s)")
+    p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of a run or a study",
+        description="Write one self-contained HTML page for a run, a sweep or a capacity "
+        "study: the experiment, the summary table, the figures inline, the resolved config "
+        "and, for a study, its table (sortable). No network and no external files.",
+    )
+    p.add_argument("dir", metavar="DIR", help="a result folder")
+    p.add_argument("-o", "--output", metavar="FILE", help="default: DIR/report.html")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser(
         "validate",

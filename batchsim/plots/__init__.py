@@ -1,0 +1,92 @@
+"""Figures of saved results: ``batchsim plot KIND DIR...`` and ``batchsim report``.
+
+Every kind is a module with two functions::
+
+    applies(source: Run | Study) -> bool            # can it draw this folder?
+    plot(sources: list[Run | Study], options: PlotOptions) -> matplotlib Figure
+
+``plot`` raises :class:`~batchsim.errors.ConfigError` (one line, naming the folder and what it
+lacks) for folders it cannot draw. Figures are built on :mod:`batchsim.plots.style` (palette,
+policy colours, sizes, titles) and read folders through :mod:`batchsim.plots.data`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from batchsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from batchsim.plots.data import Run, Study
+
+KINDS: dict[str, tuple[str, str]] = {
+    "knee": ("knee", "throughput and latency vs batch cap (a sweep over max_num_seqs)"),
+    "latency-throughput": (
+        "latency_throughput",
+        "p50/p99 TTFT and TPOT vs achieved throughput (a sweep over load)",
+    ),
+    "cdf": ("cdf", "TTFT, TPOT, ITL and E2E distributions of one or more runs"),
+    "timeline": ("timeline", "batch slots over time, by state (a run with record_slots)"),
+    "roofline": ("roofline", "every iteration on the GPU's roofline"),
+    "kv": ("kv", "KV-cache usage, running and waiting requests over time, preemptions"),
+    "capacity": ("capacity", "capacity per configuration (a capacity study)"),
+}
+"""Figure kinds: name -> (module in batchsim.plots, what it draws)."""
+
+
+@dataclass
+class PlotOptions:
+    """Options of ``batchsim plot``.
+
+    Attributes:
+        metrics: ``--metric`` values (each kind says which it takes; empty: its default).
+        start: ``--from`` seconds (timeline, kv).
+        end: ``--to`` seconds.
+    """
+
+    metrics: list[str] = field(default_factory=list)
+    start: float | None = None
+    end: float | None = None
+
+
+def module(kind: str) -> ModuleType:
+    """The module drawing ``kind``."""
+    if kind not in KINDS:
+        raise ConfigError(f"plot kind {kind!r}: expected one of {', '.join(KINDS)}")
+    return importlib.import_module(f"batchsim.plots.{KINDS[kind][0]}")
+
+
+def figure(kind: str, paths: list[str | Path], options: PlotOptions | None = None) -> Figure:
+    """Draw ``kind`` from result folders (runs, sweeps or capacity studies)."""
+    from batchsim.plots.data import load
+
+    draw = module(kind)
+    sources = [load(p) for p in paths]
+    return draw.plot(sources, options or PlotOptions())  # type: ignore[no-any-return]
+
+
+def relevant_kinds(source: Run | Study) -> list[str]:
+    """The kinds that can draw ``source`` (the figures of its report)."""
+    kinds = []
+    for kind in KINDS:
+        try:
+            draw = module(kind)
+        except ImportError:  # pragma: no cover - every kind ships with batchsim
+            continue
+        if draw.applies(source):
+            kinds.append(kind)
+    return kinds
+
+
+def plot(kind: str, paths: list[str | Path], out: str | Path, **options: Any) -> Path:
+    """Draw ``kind`` from result folders into ``out`` (.png, .svg or .pdf); return the path."""
+    from batchsim.plots.style import save
+
+    fig = figure(kind, paths, PlotOptions(**options))
+    return save(fig, out)

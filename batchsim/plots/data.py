@@ -1,0 +1,185 @@
+"""Read result folders for figures and reports: a run (``batchsim run``), a sweep
+(``batchsim sweep``) or a capacity study (``batchsim capacity``). Figures read folders only,
+so any saved result can be drawn later.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchsim.errors import ConfigError
+from batchsim.yamlio import read_mapping
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+MAX_JSON_BYTES = 64 * 2**20
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
+    import pandas as pd
+
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (a run written with --summary-only has none)")
+    try:
+        return pd.read_csv(path, **kwargs)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        message = " ".join(str(exc).split())
+        raise ConfigError(f"{path}: cannot read it as CSV ({message})") from None
+
+
+@dataclass
+class Run:
+    """A run's folder: ``summary.json``, ``config.yaml``, and the CSVs when written."""
+
+    path: Path
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    label: str = ""
+    """How the run is named in legends (its folder name, or the sweep point's values)."""
+    values: dict[str, Any] = field(default_factory=dict)
+    """The varied keys' values, for a point of a sweep."""
+
+    @property
+    def policy(self) -> str:
+        return str((self.config.get("scheduler") or {}).get("policy", ""))
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        """``requests.csv``."""
+        return _read_csv(self.path / "requests.csv", keep_default_na=False, na_values=[""])
+
+    @functools.cached_property
+    def iterations(self) -> pd.DataFrame:
+        """``iterations.csv``."""
+        return _read_csv(self.path / "iterations.csv")
+
+    @functools.cached_property
+    def slots(self) -> pd.DataFrame:
+        """``slots.csv`` (runs with ``metrics.record_slots: true``)."""
+        path = self.path / "slots.csv"
+        if not path.is_file():
+            raise ConfigError(
+                f"{self.path}: no slots.csv; rerun with --set metrics.record_slots=true "
+                "to record which request sits in which batch slot"
+            )
+        return _read_csv(path)
+
+    @property
+    def has_csv(self) -> bool:
+        return (self.path / "iterations.csv").is_file() and (self.path / "requests.csv").is_file()
+
+
+@dataclass
+class Study:
+    """A sweep's or a capacity study's folder."""
+
+    path: Path
+    kind: str
+    """``sweep`` or ``capacity``."""
+    marker: dict[str, Any]
+    """``sweep.json``."""
+
+    @property
+    def varied(self) -> list[str]:
+        return list(self.marker.get("varied_keys") or [])
+
+    @functools.cached_property
+    def table(self) -> pd.DataFrame:
+        """``sweep.csv`` or ``capacity.csv``: one row per point or configuration."""
+        name = "capacity.csv" if self.kind == "capacity" else "sweep.csv"
+        return _read_csv(self.path / name, keep_default_na=False, na_values=[""])
+
+    @functools.cached_property
+    def stats(self) -> pd.DataFrame | None:
+        """``sweep_stats.csv`` (sweeps over several seeds), else None."""
+        path = self.path / "sweep_stats.csv"
+        if not path.is_file():
+            return None
+        return _read_csv(path, keep_default_na=False, na_values=[""])
+
+    def point(self, label: str) -> Run:
+        """The run of one point (its folder under ``points/``)."""
+        run = load_run(self.path / "points" / label)
+        run.label = label
+        return run
+
+    def runs(self) -> list[Run]:
+        """The runs of the points that ran, in table order."""
+        table = self.table
+        ok = table[table["error"].fillna("") == ""] if "error" in table else table
+        runs = []
+        for _, row in ok.iterrows():
+            if not row.get("point"):
+                continue
+            run = self.point(str(row["point"]))
+            run.values = {key: row[key] for key in self.varied if key in row}
+            runs.append(run)
+        return runs
+
+    @functools.cached_property
+    def base_config(self) -> dict[str, Any]:
+        """The config of the study's first point that ran (model, GPU, workload for titles)."""
+        for name in self.table.get("point", []):
+            path = self.path / "points" / str(name) / "config.yaml"
+            if path.is_file():
+                data, _ = read_mapping(path)
+                return data
+        return {}
+
+
+def load_run(path: str | Path) -> Run:
+    """A run folder (it holds the ``summary.json`` batchsim wrote)."""
+    folder = Path(path)
+    summary_path = folder / "summary.json"
+    if not summary_path.is_file():
+        raise ConfigError(f"{folder}: not a batchsim run (no summary.json)")
+    summary = _read_json(summary_path)
+    if not isinstance(summary, dict) or "completed" not in summary:
+        raise ConfigError(f"{summary_path}: not a summary.json that batchsim wrote")
+    config = summary.get("config")
+    if not isinstance(config, dict):
+        config_path = folder / "config.yaml"
+        config = read_mapping(config_path)[0] if config_path.is_file() else {}
+    return Run(folder, summary, config, label=folder.name)
+
+
+def load(path: str | Path) -> Run | Study:
+    """A run, a sweep or a capacity study, recognised by its files.
+
+    Raises:
+        ConfigError: The folder is none of them (naming what it lacks).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such directory")
+    marker_path = folder / "sweep.json"
+    if marker_path.is_file():
+        marker = _read_json(marker_path)
+        kind = marker.get("kind") if isinstance(marker, dict) else None
+        if kind not in ("sweep", "capacity"):
+            raise ConfigError(f"{marker_path}: not a sweep.json that batchsim wrote")
+        return Study(folder, str(kind), marker)
+    if (folder / "summary.json").is_file():
+        return load_run(folder)
+    raise ConfigError(
+        f"{folder}: not a batchsim result folder (no summary.json of a run, no sweep.json of "
+        "a sweep or capacity study)"
+    )

@@ -1,0 +1,191 @@
+"""One look for every figure: a colour-blind-safe palette (Okabe and Ito), the same colour for
+the same policy everywhere, README-width sizes, titles that say what was run, and saving by
+file extension.
+
+Importing this module selects matplotlib's non-interactive Agg backend: batchsim draws into
+files, never into windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+from batchsim.errors import ConfigError
+
+matplotlib.use("Agg")
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+OKABE_ITO = (
+    "#0072B2",  # blue
+    "#D55E00",  # vermillion
+    "#009E73",  # bluish green
+    "#E69F00",  # orange
+    "#CC79A7",  # reddish purple
+    "#56B4E9",  # sky blue
+    "#F0E442",  # yellow
+    "#000000",  # black
+)
+"""Okabe & Ito (2008), distinguishable under the common colour-vision deficiencies."""
+
+POLICY_COLORS = {
+    "static": OKABE_ITO[1],
+    "dynamic": OKABE_ITO[3],
+    "continuous": OKABE_ITO[0],
+    "chunked_prefill": OKABE_ITO[2],
+}
+"""The colour of each built-in policy, in every figure."""
+
+STATE_COLORS = {
+    "prefill": OKABE_ITO[1],
+    "chunked_prefill": OKABE_ITO[3],
+    "decode": OKABE_ITO[0],
+    "stalled": OKABE_ITO[4],
+    "padding": "#9A9A9A",
+    "empty": "#E4E4E4",
+    "idle": "#FFFFFF",
+}
+"""Colours of a slot's or an iteration's state (timeline, roofline scatter)."""
+
+PHASE_COLORS = {
+    "prefill": STATE_COLORS["prefill"],
+    "decode": STATE_COLORS["decode"],
+    "mixed": OKABE_ITO[2],
+}
+"""Colours of an iteration's composition: prefill only, decode only, or both."""
+
+FIGSIZE = (8.0, 4.5)
+"""Inches: 800 x 450 pixels at the default 100 dpi, readable at README width."""
+DPI = 100
+SAVE_DPI = 150
+FORMATS = (".png", ".svg", ".pdf")
+
+
+def color_for(label: str, index: int) -> str:
+    """A policy's own colour, or the index-th palette colour for any other series."""
+    if label in POLICY_COLORS:
+        return POLICY_COLORS[label]
+    others = [c for c in OKABE_ITO if c not in POLICY_COLORS.values()]
+    palette = others + [c for c in OKABE_ITO if c not in others]
+    return palette[index % len(palette)]
+
+
+def series_colors(labels: list[str], policies: Mapping[str, str] | None = None) -> list[str]:
+    """Colours of several series: a series whose policy is known gets that policy's colour
+    when no other series has the same policy; the rest take palette colours in order."""
+    policies = policies or {}
+    counts: dict[str, int] = {}
+    for label in labels:
+        policy = policies.get(label, label)
+        counts[policy] = counts.get(policy, 0) + 1
+    colors, spare = [], 0
+    for label in labels:
+        policy = policies.get(label, label)
+        if policy in POLICY_COLORS and counts[policy] == 1:
+            colors.append(POLICY_COLORS[policy])
+        else:
+            colors.append(color_for(f"#{spare}", spare))
+            spare += 1
+    return colors
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, Any]:
+    """A figure at README width with a grid of axes (``plt.subplots`` without pyplot state)."""
+    from matplotlib.figure import Figure
+
+    size = kwargs.pop("figsize", FIGSIZE)
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    axes = fig.subplots(nrows, ncols, **kwargs)
+    return fig, axes
+
+
+def describe_run(config: Mapping[str, Any]) -> str:
+    """``llama-2-7b on a100-80gb, continuous, Poisson 8 req/s``: what a run simulated."""
+    model = Path(str(config.get("model", "?"))).stem
+    hardware = Path(str(config.get("hardware", "?"))).stem
+    tp = (config.get("parallel") or {}).get("tensor_parallel_size", 1)
+    where = f"{model} on {hardware}" + (f" x{tp}" if tp and tp > 1 else "")
+    policy = (config.get("scheduler") or {}).get("policy", "?")
+    return ", ".join(p for p in (where, str(policy), describe_load(config)) if p)
+
+
+def describe_load(config: Mapping[str, Any]) -> str:
+    """The workload's load in a few words (``Poisson 8 req/s``, ``all at once``, ``trace``)."""
+    workload = config.get("workload") or {}
+    if not isinstance(workload, Mapping):
+        return ""
+    n = workload.get("num_requests")
+    count = f"{n:,} requests" if isinstance(n, int) else ""
+    if workload.get("trace"):
+        return ", ".join(p for p in ("trace replay", count) if p)
+    if workload.get("concurrency"):
+        return ", ".join(p for p in (f"{workload['concurrency']} users (closed loop)", count) if p)
+    arrival = workload.get("arrival") or {}
+    process = arrival.get("process", "")
+    if process == "all_at_once":
+        load = "all at once"
+    elif "rate" in arrival:
+        load = f"{process.replace('_', ' ').capitalize()} {arrival['rate']:g} req/s"
+    else:
+        load = process
+    return ", ".join(p for p in (load, count) if p)
+
+
+def finish(ax: Axes, *, legend: bool = True, **legend_kwargs: Any) -> None:
+    """Grid lines and, if there is anything labelled, a legend."""
+    ax.grid(True, which="major", alpha=0.3)
+    _, labels = ax.get_legend_handles_labels()
+    if legend and labels:
+        ax.legend(**{"fontsize": "small", "framealpha": 0.9, **legend_kwargs})
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (format from the extension: .png, .svg or .pdf), whole or not
+    at all.
+
+    Raises:
+        ConfigError: An unknown extension, or the OS refused (with its reason).
+    """
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in FORMATS:
+        raise ConfigError(
+            f"-o {path}: unknown figure format {suffix or '(none)'!r}; "
+            f"use one of {', '.join(FORMATS)}"
+        )
+    tmp = target.with_name(f".{target.name}.tmp{suffix}")
+    try:
+        if not target.parent.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, dpi=SAVE_DPI, format=suffix[1:], metadata=_metadata(suffix))
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+        raise ConfigError(f"cannot write {target}: {reason}") from None
+    return target
+
+
+def _metadata(suffix: str) -> dict[str, Any]:
+    # no dates or versions in the files: the same inputs draw byte-identical figures
+    if suffix == ".svg":
+        return {"Date": None, "Creator": "batchsim"}
+    if suffix == ".pdf":
+        return {"CreationDate": None, "Creator": "batchsim", "Producer": "batchsim"}
+    return {"Software": "batchsim"}
+
+
+@contextlib.contextmanager
+def svg_hashsalt() -> Iterator[None]:
+    """Deterministic ids in SVG output (matplotlib salts them at random otherwise)."""
+    with matplotlib.rc_context({"svg.hashsalt": "batchsim"}):
+        yield
