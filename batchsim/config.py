@@ -103,6 +103,9 @@ class MetricsConfig(ConfigModel):
     """Leave out requests arriving in the first ``warmup_s`` seconds."""
     cooldown_s: StrictFloat = Field(0.0, ge=0, le=MAX_SECONDS)
     """Leave out requests arriving in the last ``cooldown_s`` seconds."""
+    record_slots: StrictBool = False
+    """Record which request sits in which batch slot in every iteration (``slots.csv``, for
+    ``batchsim plot timeline`` and the ITL distribution); costs time per iteration."""
 
 
 class ExperimentConfig(ConfigModel):

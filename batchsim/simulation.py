@@ -42,6 +42,7 @@ from batchsim.metrics.logs import (
     Columns,
     IterationLog,
 )
+from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import _jsonable, write_csv
 from batchsim.scheduler.registry import load_policy
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 OUTPUT_FILES = ("summary.json", "requests.csv", "iterations.csv", "config.yaml")
+SLOTS_FILE = "slots.csv"
+"""Written besides the four when the run records its batch slots (``metrics.record_slots``)."""
 
 
 @dataclass
@@ -70,6 +73,23 @@ class Result:
     request_columns: Columns
     iteration_log: IterationLog
     notes: list[str] = field(default_factory=list)
+    slot_columns: Columns | None = None
+    """``slots.csv`` as numpy columns, when the run recorded its batch slots
+    (``metrics.record_slots``)."""
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The output files this run writes: the four, and ``slots.csv`` if recorded."""
+        return (*OUTPUT_FILES, SLOTS_FILE) if self.slot_columns is not None else OUTPUT_FILES
+
+    @functools.cached_property
+    def slots(self) -> pd.DataFrame:
+        """``slots.csv`` as a pandas DataFrame (runs with ``metrics.record_slots: true``)."""
+        import pandas as pd
+
+        if self.slot_columns is None:
+            raise ConfigError("this run did not record its slots (metrics.record_slots: true)")
+        return pd.DataFrame(self.slot_columns, columns=SLOT_COLUMNS)
 
     @functools.cached_property
     def iteration_columns(self) -> Columns:
@@ -103,7 +123,9 @@ class Result:
         target = Path(out_dir)
         check_output_dir(target)
         try:
-            self._write(target)
+            self._write(target, self.files)
+            if self.slot_columns is None:  # a previous run's slots.csv would not match
+                (target / SLOTS_FILE).unlink(missing_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot write {target}: {_os_reason(exc)}") from exc
         return target
@@ -132,6 +154,7 @@ class Result:
                 self.iteration_log.windows(), ITERATION_COLUMNS, path
             ),
             "config.yaml": lambda path: path.write_text(dump_config(self.config), encoding="utf-8"),
+            SLOTS_FILE: lambda path: write_csv([self.slot_columns or {}], list(SLOT_COLUMNS), path),
         }
         try:
             for name in names:
@@ -233,7 +256,7 @@ def check_output_dir(out_dir: str | Path) -> Path:
         if ancestor.exists() and not ancestor.is_dir():
             raise ConfigError(f"cannot write {target}: {ancestor} is not a directory")
         return target
-    clashing = [name for name in OUTPUT_FILES if os.path.lexists(target / name)]
+    clashing = [name for name in (*OUTPUT_FILES, SLOTS_FILE) if os.path.lexists(target / name)]
     if clashing and not is_batchsim_run(target):
         raise ConfigError(
             f"cannot write {target}: it holds {', '.join(clashing)} that batchsim did not "
@@ -345,6 +368,7 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
         async_scheduling=engine_cfg.async_scheduling,
         fast_forward=engine_cfg.fast_forward,
         swap_time_per_block=setup.swap_time_per_block,
+        record_slots=config.metrics.record_slots,
     )
     engine = Engine(scheduler, setup.cost_model, table, options)
     engine.run()
@@ -370,7 +394,8 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
         f"scheduler.{key} is not used by policy {config.scheduler.policy}"
         for key in unused_scheduler_keys(config, policy_cls.config_keys)
     ]
-    return Result(summary, config, requests, iterations, notes)
+    slots = engine.slot_log.to_columns() if engine.slot_log is not None else None
+    return Result(summary, config, requests, iterations, notes, slot_columns=slots)
 
 
 def run(

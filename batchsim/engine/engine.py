@@ -61,6 +61,7 @@ from batchsim.engine.request import Request, RequestStatus
 from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
 from batchsim.errors import BatchsimError, PolicyError
 from batchsim.metrics.logs import IterationLog, RequestLog
+from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 from batchsim.scheduler.registry import POLICIES
@@ -85,6 +86,8 @@ class EngineOptions:
     swap_time_per_block: float = 0.0
     """Time to copy one KV block between GPU and host memory (s)."""
     fast_forward: bool = True
+    record_slots: bool = False
+    """Keep a :class:`~batchsim.metrics.slots.SlotLog` of the batch slots."""
 
 
 class ArrivalSource:
@@ -193,6 +196,7 @@ class Engine:
         self.fast_forward = options.fast_forward and stretches_allowed(policy)
         self.stretch = StretchRunner(self)
         self.policy_name = f"{policy.__module__}:{policy.__qualname__}"
+        self.slot_log = SlotLog() if options.record_slots else None
         self.guarded = policy not in POLICIES.values()
         """Check the policy at every call (policies written outside batchsim)."""
 
@@ -325,6 +329,10 @@ class Engine:
                 times = self.stretch.run(output, now, num_steps, self._next_event_time(now))
             else:
                 times = self._price_step(output, now)
+            if self.slot_log is not None:
+                self.slot_log.record(
+                    output, scheduler.running, times.first_iteration, times.num_steps
+                )
             yield env.timeout(times.end - now)
             self._last_end = env.now
             if guarded:

@@ -23,7 +23,9 @@ from batchsim.errors import ConfigError
 
 BACKENDS = ("local", "ray")
 
-CSV_FILES = ("requests.csv", "iterations.csv")
+CSV_FILES = ("requests.csv", "iterations.csv", "slots.csv")
+"""The per-request and per-iteration files a worker writes into its point's folder (slots.csv
+only for runs that record their slots)."""
 
 
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
         config = ExperimentConfig.model_validate(task["config"])
         result = simulate(config)
         if task.get("csv_dir"):
-            result.write_files(task["csv_dir"], CSV_FILES)
+            result.write_files(task["csv_dir"], [n for n in result.files if n in CSV_FILES])
         summary = result.summary
     except ConfigError as exc:
         error = str(exc)

@@ -29,11 +29,11 @@ from typing import Any
 
 from batchsim.config import ExperimentConfig, dump_config
 from batchsim.errors import ConfigError
-from batchsim.simulation import OUTPUT_FILES, summary_json
+from batchsim.simulation import OUTPUT_FILES, SLOTS_FILE, summary_json
 
 MARKER = "sweep.json"
 POINTS = "points"
-POINT_FILES = (*OUTPUT_FILES, "error.txt", "point.json")
+POINT_FILES = (*OUTPUT_FILES, SLOTS_FILE, "error.txt", "point.json")
 
 
 @dataclass
