@@ -31,6 +31,7 @@ KINDS: dict[str, tuple[str, str]] = {
         "latency_throughput",
         "p50/p99 TTFT and TPOT vs achieved throughput (a sweep over load)",
     ),
+    "sweep": ("sweep", "summary metrics against a swept key, a line per other configuration"),
     "cdf": ("cdf", "TTFT, TPOT, ITL and E2E distributions of one or more runs"),
     "timeline": ("timeline", "batch slots over time, by state (a run with record_slots)"),
     "roofline": ("roofline", "every iteration on the GPU's roofline"),

@@ -45,6 +45,14 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
         raise ConfigError(f"{path}: cannot read it as CSV ({message})") from None
 
 
+def ok_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a study table whose point ran (``error`` empty)."""
+    if "error" not in table:
+        return table
+    error = table["error"]
+    return table[error.isna() | (error.astype(str) == "")]
+
+
 @dataclass
 class Run:
     """A run's folder: ``summary.json``, ``config.yaml``, and the CSVs when written."""
@@ -124,7 +132,7 @@ class Study:
     def runs(self) -> list[Run]:
         """The runs of the points that ran, in table order."""
         table = self.table
-        ok = table[table["error"].fillna("") == ""] if "error" in table else table
+        ok = ok_rows(table)
         runs = []
         for _, row in ok.iterrows():
             if not row.get("point"):

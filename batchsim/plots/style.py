@@ -35,6 +35,8 @@ OKABE_ITO = (
     "#000000",  # black
 )
 """Okabe & Ito (2008), distinguishable under the common colour-vision deficiencies."""
+SERIES_ORDER = (*OKABE_ITO[:6], OKABE_ITO[7], OKABE_ITO[6])
+"""The palette for series that are not policies: yellow, hard to read on white, comes last."""
 
 POLICY_COLORS = {
     "static": OKABE_ITO[1],
@@ -73,8 +75,8 @@ def color_for(label: str, index: int) -> str:
     """A policy's own colour, or the index-th palette colour for any other series."""
     if label in POLICY_COLORS:
         return POLICY_COLORS[label]
-    others = [c for c in OKABE_ITO if c not in POLICY_COLORS.values()]
-    palette = others + [c for c in OKABE_ITO if c not in others]
+    palette = [c for c in SERIES_ORDER if c not in POLICY_COLORS.values()]
+    palette += [c for c in SERIES_ORDER if c not in palette]
     return palette[index % len(palette)]
 
 

@@ -1,0 +1,184 @@
+"""``batchsim plot sweep DIR [--metric M ...]``: summary metrics against a swept key.
+
+The x axis is the sweep's numeric varied key with the most values (the first on ties; log2
+when its values are powers of two, log when they span more than two decades); every other
+varied key makes one line per combination of its values. One panel per metric (at most four;
+default: output throughput and p99 TTFT), sharing the x axis. With several seeds, each point
+is the mean over the seeds with its 95 % confidence interval as an error bar
+(``sweep_stats.csv``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from batchsim.errors import ConfigError
+from batchsim.plots.data import Run, Study, ok_rows
+from batchsim.plots.style import describe_run, finish, new_figure, series_colors
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from batchsim.plots import PlotOptions
+
+DEFAULT_METRICS = ("output_throughput", "p99_ttft_ms")
+MAX_METRICS = 4
+MAX_LINES = 12
+UNITS = {
+    "_ms": "ms",
+    "throughput": "",
+    "_fraction": "fraction",
+    "_usage": "fraction",
+}
+LABELS = {
+    "output_throughput": "output throughput (tok/s)",
+    "request_throughput": "request throughput (req/s)",
+    "total_token_throughput": "total throughput (tok/s)",
+    "request_goodput": "goodput (req/s)",
+    "mean_batch_size": "mean batch (requests)",
+}
+
+
+def applies(source: Run | Study) -> bool:
+    return isinstance(source, Study) and source.kind == "sweep" and bool(_numeric_keys(source))
+
+
+def metric_label(name: str) -> str:
+    """An axis label with units for a summary metric name."""
+    if name in LABELS:
+        return LABELS[name]
+    if name.endswith("_ms"):
+        words = [
+            w.upper() if w in ("ttft", "tpot", "itl", "e2el") else w for w in name[:-3].split("_")
+        ]
+        return f"{' '.join(words)} (ms)"
+    if name.endswith(("_fraction", "_usage", "_attainment")):
+        return f"{name.replace('_', ' ')} (0–1)"
+    return name.replace("_", " ")
+
+
+def _numeric_keys(study: Study) -> list[str]:
+    table = study.table
+    keys = []
+    for key in study.varied:
+        if key == "seed" or key not in table:
+            continue
+        values = table[key].dropna()
+        if len(values) and all(
+            isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            for v in values
+        ):
+            keys.append(key)
+    return keys
+
+
+def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
+    if len(sources) != 1 or not isinstance(sources[0], Study) or sources[0].kind != "sweep":
+        where = sources[0].path if sources else "no folder"
+        raise ConfigError(f"{where}: plot sweep draws one sweep folder (batchsim sweep -o DIR)")
+    study = sources[0]
+    keys = _numeric_keys(study)
+    if not keys:
+        raise ConfigError(
+            f"{study.path}: the sweep varies no numeric key (varied: "
+            f"{', '.join(study.varied) or 'nothing'}); plot sweep draws metrics against one"
+        )
+    x_key = max(keys, key=lambda k: study.table[k].nunique())  # the most values; first on ties
+    others = [k for k in study.varied if k not in (x_key, "seed")]
+    table = study.stats if study.stats is not None else study.table
+    metrics = list(options.metrics) or list(DEFAULT_METRICS)
+    if len(metrics) > MAX_METRICS:
+        raise ConfigError(f"plot sweep draws at most {MAX_METRICS} metrics, got {len(metrics)}")
+    unknown = [m for m in metrics if m not in table.columns or m in study.varied]
+    if unknown:
+        allowed = [
+            c
+            for c in table.columns
+            if c not in (*study.varied, "error", "point", "num_seeds") and not c.endswith("_ci95")
+        ]
+        raise ConfigError(
+            f"--metric {unknown[0]}: not a column of the sweep table; one of "
+            f"{', '.join(allowed[:40])}{' ...' if len(allowed) > 40 else ''}"
+        )
+    ok = ok_rows(table)
+    groups = _groups(ok, others)
+    if len(groups) > MAX_LINES:
+        raise ConfigError(
+            f"{study.path}: {len(groups)} combinations of {', '.join(others)}; plot sweep "
+            f"draws at most {MAX_LINES} lines"
+        )
+    labels = [label for label, _ in groups]
+    policies = {label: str(rows["scheduler.policy"].iloc[0]) for label, rows in groups
+                if "scheduler.policy" in rows}  # fmt: skip
+    colors = series_colors(labels, policies)
+    fig, axes = new_figure(
+        len(metrics), 1, sharex=True, squeeze=False, figsize=(8.0, 1.2 + 2.4 * len(metrics))
+    )
+    for ax, metric in zip(axes[:, 0], metrics):
+        for (label, rows), color in zip(groups, colors):
+            rows = rows.sort_values(x_key)
+            x = rows[x_key].to_numpy(dtype=float)
+            y = rows[metric].to_numpy(dtype=float)
+            ci = f"{metric}_ci95"
+            if ci in rows:
+                ax.errorbar(
+                    x, y, yerr=rows[ci].to_numpy(dtype=float), color=color, marker="o",
+                    markersize=4, capsize=3, label=label or None,
+                )  # fmt: skip
+            else:
+                ax.plot(x, y, color=color, marker="o", markersize=4, label=label or None)
+        ax.set_ylabel(metric_label(metric))
+        _scale_y(ax, ok[metric].to_numpy(dtype=float))
+        finish(ax, legend=ax is axes[0, 0] and any(labels))
+    bottom = axes[-1, 0]
+    _scale_x(bottom, ok[x_key].to_numpy(dtype=float))
+    bottom.set_xlabel(_key_label(x_key))
+    fig.suptitle(f"{describe_run(study.base_config)}\nswept: {', '.join(study.varied)}")
+    return fig
+
+
+def _groups(table: pd.DataFrame, keys: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    if not keys:
+        return [("", table)]
+    out = []
+    for values, rows in table.groupby(keys, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(keys, values))
+        out.append((label, rows))
+    return out
+
+
+def _key_label(key: str) -> str:
+    name = key.rsplit(".", 1)[-1]
+    if name.endswith("_ms"):
+        return f"{key} (ms)"
+    if name.endswith("_s"):
+        return f"{key} (s)"
+    if name == "rate":
+        return f"{key} (req/s)"
+    return key
+
+
+def _scale_x(ax: Any, values: np.ndarray) -> None:
+    values = values[np.isfinite(values)]
+    positive = values[values > 0]
+    if len(positive) == len(values) and len(values) > 2:
+        exponents = np.log2(positive)
+        if np.allclose(exponents, np.round(exponents)) and positive.max() / positive.min() >= 8:
+            ax.set_xscale("log", base=2)
+            return
+        if positive.max() / positive.min() > 100:
+            ax.set_xscale("log")
+
+
+def _scale_y(ax: Any, values: np.ndarray) -> None:
+    values = values[np.isfinite(values)]
+    positive = values[values > 0]
+    if len(positive) == len(values) and len(values) and positive.max() / positive.min() > 100:
+        ax.set_yscale("log")
+    elif len(values) and values.min() >= 0 and not math.isclose(values.max(), 0):
+        ax.set_ylim(bottom=0)

@@ -1,0 +1,61 @@
+"""``batchsim plot sweep``: summary metrics against the swept key, a line per configuration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import batchsim
+from batchsim import cli
+from batchsim.errors import ConfigError
+from batchsim.plots import PlotOptions, figure, relevant_kinds
+from batchsim.plots.data import load
+from batchsim.studies.backends import InlineExecutor
+from conftest import tiny_experiment
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plot-sweep") / "s"
+    exp = tiny_experiment(scheduler={"policy": "dynamic", "max_num_seqs": 8})
+    grid = {"scheduler.max_wait_ms": [0, 50, 200], "scheduler.max_num_seqs": [4, 8]}
+    batchsim.sweep(exp, grid, seeds=2, executor=InlineExecutor(), out_dir=out, summary_only=True)
+    return out
+
+
+def test_lines_follow_the_table(sweep_dir):
+    options = PlotOptions(metrics=["p99_ttft_ms", "mean_batch_size"])
+    fig = figure("sweep", [sweep_dir], options)
+    ttft, batch = fig.axes[:2]
+    assert ttft.get_ylabel() == "p99 TTFT (ms)" and batch.get_ylabel() == "mean batch (requests)"
+    assert batch.get_xlabel() == "scheduler.max_wait_ms (ms)"  # the key with the most values
+    stats = pd.read_csv(sweep_dir / "sweep_stats.csv")
+    lines = [line for line in batch.get_lines() if not line.get_label().startswith("_")]
+    assert len(lines) == 2  # one per max_num_seqs
+    for line, cap in zip(lines, (4, 8)):
+        rows = stats[stats["scheduler.max_num_seqs"] == cap].sort_values("scheduler.max_wait_ms")
+        assert list(line.get_xdata()) == [0, 50, 200]
+        assert np.allclose(line.get_ydata(), rows["mean_batch_size"])
+    legend = [t.get_text() for t in ttft.get_legend().get_texts()]
+    assert legend == ["max_num_seqs=4", "max_num_seqs=8"]
+    assert "llama-2-7b on a100-80gb" in fig._suptitle.get_text()
+
+
+def test_unknown_metric_and_wrong_folders(sweep_dir, tmp_path, capsys):
+    with pytest.raises(ConfigError, match="--metric p99_ttfs_ms: not a column"):
+        figure("sweep", [sweep_dir], PlotOptions(metrics=["p99_ttfs_ms"]))
+    run = tmp_path / "run"
+    batchsim.run(tiny_experiment(), run)
+    assert cli.main(["plot", "sweep", str(run), "-o", str(tmp_path / "x.png")]) == 2
+    assert "draws one sweep folder" in capsys.readouterr().err
+    assert "sweep" in relevant_kinds(load(sweep_dir)) and "sweep" not in relevant_kinds(load(run))
+
+
+def test_cli_writes_png(sweep_dir, tmp_path):
+    out = tmp_path / "s.png"
+    assert (
+        cli.main(["plot", "sweep", str(sweep_dir), "-o", str(out), "--metric", "busy_fraction"])
+        == 0
+    )
+    assert out.stat().st_size > 5_000
