@@ -31,7 +31,7 @@ def test_lines_follow_the_table(sweep_dir):
     assert ttft.get_ylabel() == "p99 TTFT (ms)" and batch.get_ylabel() == "mean batch (requests)"
     assert batch.get_xlabel() == "scheduler.max_wait_ms (ms)"  # the key with the most values
     stats = pd.read_csv(sweep_dir / "sweep_stats.csv")
-    lines = [line for line in batch.get_lines() if not line.get_label().startswith("_")]
+    lines = [container.lines[0] for container in batch.containers]  # errorbar: data line first
     assert len(lines) == 2  # one per max_num_seqs
     for line, cap in zip(lines, (4, 8)):
         rows = stats[stats["scheduler.max_num_seqs"] == cap].sort_values("scheduler.max_wait_ms")
