@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -19,9 +18,7 @@ import pytest
 
 import batchsim
 from batchsim import cli
-from batchsim.engine.request import RequestStatus
 from batchsim.errors import ConfigError
-from batchsim.metrics.logs import RequestLog
 from batchsim.plots import PlotOptions, figure
 from batchsim.plots import cdf as cdf_kind
 from batchsim.plots import kv as kv_kind
@@ -49,31 +46,9 @@ CHUNKED = {
 
 
 def run_with_slots(experiment: dict[str, Any], out: Path) -> Path:
-    """Run ``experiment`` into ``out`` and write a slots.csv from the iterations that sampled
-    each finished request's tokens, as the engine recorded them (one slot per request: a
-    prefill segment for the first iteration of each run of sampling iterations, a decode
-    segment for the rest, and a stalled segment over the iterations between two runs)."""
-    sampled: dict[int, list[int]] = {}
-    add = RequestLog.add
-
-    def recording_add(self: RequestLog, request: Any) -> None:
-        if request.status == RequestStatus.FINISHED:
-            sampled[request.request_id] = request.closed_segments()
-        add(self, request)
-
-    with mock.patch.object(RequestLog, "add", recording_add):
-        batchsim.run(experiment, out)
-    rows = []
-    for slot, (request_id, flat) in enumerate(sorted(sampled.items())):
-        previous = None
-        for first, last in zip(flat[::2], flat[1::2]):
-            if previous is not None and first > previous + 1:
-                rows.append((slot, request_id, "stalled", previous + 1, first - 1))
-            rows.append((slot, request_id, "prefill", first, first))
-            if last > first:
-                rows.append((slot, request_id, "decode", first + 1, last))
-            previous = last
-    pd.DataFrame(rows, columns=list(cdf_kind.SLOT_COLUMNS)).to_csv(out / "slots.csv", index=False)
+    """Run ``experiment`` into ``out`` with ``metrics.record_slots`` (the engine's slots.csv)."""
+    batchsim.run({**experiment, "metrics": {"record_slots": True}}, out)
+    assert (out / "slots.csv").is_file()
     return out
 
 

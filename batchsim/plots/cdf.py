@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from batchsim.errors import ConfigError
+from batchsim.metrics.slots import SLOT_COLUMNS, SLOT_STATES
 from batchsim.plots.data import Run, Study
 from batchsim.plots.style import describe_load, finish, new_figure, series_colors
 
@@ -47,12 +48,6 @@ MAX_LINES = 8
 MAX_POINTS = 10_000
 """Most points of one CDF line; a larger sample is drawn at this many evenly spaced ranks
 (each point is still one of the sorted values)."""
-
-SLOT_COLUMNS = ("slot", "request_id", "state", "first_iteration", "last_iteration")
-"""The columns of ``slots.csv``."""
-
-SLOT_STATES = frozenset({"prefill", "chunked_prefill", "decode", "stalled", "padding", "empty"})
-"""The states of a ``slots.csv`` segment."""
 
 SAMPLING_STATES = ("prefill", "decode")
 """Segment states whose every iteration samples one token of the segment's request."""
@@ -183,7 +178,7 @@ def token_times(
     if absent:
         raise ConfigError(f"{name}: no column {absent[0]!r} (expected {', '.join(SLOT_COLUMNS)})")
     states = slots["state"].astype(str)
-    unknown = sorted(set(states) - SLOT_STATES)
+    unknown = sorted(set(states) - set(SLOT_STATES))
     if unknown:
         allowed = ", ".join(sorted(SLOT_STATES))
         raise ConfigError(f"{name}: unknown state {unknown[0]!r}; expected one of {allowed}")

@@ -104,7 +104,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             )
             ax.add_collection(
                 PolyCollection(
-                    verts, facecolors=STATE_COLORS[state], edgecolors="none", label=state
+                    list(verts), facecolors=STATE_COLORS[state], edgecolors="none", label=state
                 )
             )
             seen.add(state)
