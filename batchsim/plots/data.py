@@ -142,6 +142,47 @@ class Study:
             runs.append(run)
         return runs
 
+    def zipped_with(self, key: str) -> list[str]:
+        """The varied keys on ``key``'s axis: ``key`` and the keys of its zip group."""
+        for axis in self.marker.get("axes") or []:
+            keys = list(axis.get("keys") or []) if isinstance(axis, dict) else []
+            if key in keys:
+                return keys
+        return [key]
+
+    def series(self, keys: list[str]) -> list[Series]:
+        """The points that ran, grouped by their values of ``keys`` (one line of a figure
+        each), in table order. With several seeds a series' rows are ``sweep_stats.csv``'s
+        (means over the seeds and ``<metric>_ci95``), else ``sweep.csv``'s."""
+        table = self.table
+        ran = table
+        if "error" in ran:
+            ran = ran[_blank(ran["error"])]
+        if "point" in ran:
+            ran = ran[~_blank(ran["point"])]
+        stats = self.stats
+        if stats is not None and "num_seeds" in stats:
+            stats = stats[stats["num_seeds"].fillna(0) > 0]
+        groups: dict[tuple[str, ...], tuple[dict[str, Any], list[Any], list[str]]] = {}
+        for index, row in ran.iterrows():
+            values = {key: row[key] for key in keys if key in row}
+            group = tuple(_value_key(v) for v in values.values())
+            entry = groups.setdefault(group, (values, [], []))
+            entry[1].append(index)
+            entry[2].append(str(row["point"]))
+        series = []
+        for group, (values, indices, points) in groups.items():
+            if stats is not None:
+                mask = [
+                    tuple(_value_key(row.get(k)) for k in values) == group
+                    for _, row in stats.iterrows()
+                ]
+                rows = stats[mask]
+            else:
+                rows = ran.loc[indices]
+            series.append(Series(values_label(values), values, rows, points))
+        return series
+
     @functools.cached_property
     def base_config(self) -> dict[str, Any]:
         """The config of the study's first point that ran (model, GPU, workload for titles)."""
@@ -151,6 +192,58 @@ class Study:
                 data, _ = read_mapping(path)
                 return data
         return {}
+
+
+@dataclass
+class Series:
+    """Points of a study sharing their values of some varied keys: one line of a figure."""
+
+    label: str
+    """The values, as a legend names them (``policy=static, hardware=h100-sxm``)."""
+    values: dict[str, Any]
+    rows: pd.DataFrame
+    """Their rows: of ``sweep.csv``, or of ``sweep_stats.csv`` for a sweep over seeds."""
+    points: list[str]
+    """Their folders under ``points/`` (every seed's), in table order."""
+
+
+BARE_KEYS = ("scheduler.policy", "hardware", "model")
+"""Keys whose values name themselves: a label of one of them alone is just the value."""
+
+
+def value_text(value: Any) -> str:
+    """A table cell as a label shows it: ``8`` not ``8.0``, a file's name without its
+    folders."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str) and "/" in value and not value.lstrip().startswith(("{", "[")):
+        return Path(value).name
+    return str(value)
+
+
+def values_label(values: dict[str, Any]) -> str:
+    """``policy=static, max_num_seqs=8`` (keys shortened as point folders are); a policy,
+    GPU or model alone is named by its value."""
+    from batchsim.studies.sweep import short_names
+
+    if len(values) == 1 and next(iter(values)) in BARE_KEYS:
+        return value_text(next(iter(values.values())))
+    short = short_names(list(values))
+    return ", ".join(f"{short[key]}={value_text(value)}" for key, value in values.items())
+
+
+def _blank(column: pd.Series) -> pd.Series:
+    """Which cells are empty (NaN, None or blank text)."""
+    return column.isna() | (column.astype(str).str.strip() == "")
+
+
+def _value_key(value: Any) -> str:
+    """Cells of the same value read from sweep.csv and sweep_stats.csv compare equal."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return value_text(value) if isinstance(value, (int, float)) else str(value)
 
 
 def load_run(path: str | Path) -> Run:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +139,79 @@ def describe_load(config: Mapping[str, Any]) -> str:
     else:
         load = process
     return ", ".join(p for p in (load, count) if p)
+
+
+def describe_study(config: Mapping[str, Any], varied: Sequence[str]) -> str:
+    """:func:`describe_run` of a study's point, naming what the study varies instead of that
+    point's value: ``llama-2-7b on a100-80gb, policy varied, Poisson arrivals, rate varied,
+    500 requests``. The same as :func:`describe_run` when none of those keys varies."""
+
+    def varies(key: str) -> bool:
+        return _varies(key, varied)
+
+    described = ("model", "hardware", "parallel", "scheduler.policy", "workload")
+    if not any(varies(key) for key in described):
+        return describe_run(config)
+    model = "models varied" if varies("model") else Path(str(config.get("model", "?"))).stem
+    hardware = "GPUs varied" if varies("hardware") else Path(str(config.get("hardware", "?"))).stem
+    where = f"{model} on {hardware}"
+    if varies("parallel.tensor_parallel_size"):
+        where += ", TP varied"
+    else:
+        tp = (config.get("parallel") or {}).get("tensor_parallel_size", 1)
+        where += f" x{tp}" if isinstance(tp, int) and tp > 1 else ""
+    scheduler = config.get("scheduler") or {}
+    policy = "policy varied" if varies("scheduler.policy") else str(scheduler.get("policy", "?"))
+    return ", ".join(p for p in (where, policy, _study_load(config, varied)) if p)
+
+
+def _varies(key: str, varied: Sequence[str]) -> bool:
+    """``key`` or a key inside it or around it is among ``varied``."""
+    return any(v == key or v.startswith(key + ".") or key.startswith(v + ".") for v in varied)
+
+
+def _study_load(config: Mapping[str, Any], varied: Sequence[str]) -> str:
+    def varies(key: str) -> bool:
+        return _varies(key, varied)
+
+    workload = config.get("workload") or {}
+    if "workload" in varied or not isinstance(workload, Mapping):
+        return "workload varied"
+    loads = ("workload.arrival", "workload.concurrency", "workload.trace", "workload.think_time_ms")
+    if not any(varies(key) for key in (*loads, "workload.num_requests")):
+        return describe_load(config)
+    n = workload.get("num_requests")
+    if varies("workload.num_requests"):
+        count = "number of requests varied"
+    else:
+        count = f"{n:,} requests" if isinstance(n, int) else ""
+    if not any(varies(key) for key in loads):
+        load = describe_load({"workload": {**workload, "num_requests": None}})
+    elif varies("workload.concurrency"):
+        load = "users (closed loop) varied"
+    elif "workload.arrival" in varied or not varies("workload.arrival.rate"):
+        load = "arrivals varied"
+    else:
+        process = str((workload.get("arrival") or {}).get("process", ""))
+        load = f"{process.replace('_', ' ').capitalize()} arrivals, rate varied".lstrip(" ,")
+    return ", ".join(p for p in (load, count) if p)
+
+
+_METRIC_WORDS = {
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "itl": "ITL",
+    "e2el": "E2E latency",
+}
+
+
+def metric_label(metric: str) -> str:
+    """A summary metric as an axis names it: ``p99_itl_ms`` -> ``p99 ITL (ms)``,
+    ``mean_queue_delay_ms`` -> ``mean queue delay (ms)``."""
+    ms = metric.endswith("_ms")
+    stat, _, what = (metric[:-3] if ms else metric).partition("_")
+    words = _METRIC_WORDS.get(what, what.replace("_", " "))
+    return f"{stat} {words}".strip() + (" (ms)" if ms else "")
 
 
 def finish(ax: Axes, *, legend: bool = True, **legend_kwargs: Any) -> None:
