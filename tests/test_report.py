@@ -111,8 +111,10 @@ def _module(name: str, plot: Any) -> types.ModuleType:
 
 @pytest.fixture
 def fake_kinds(monkeypatch) -> dict[str, tuple[str, str]]:
-    """Three extra kinds: one that draws, one that refuses the folder (ConfigError) and one
+    """Only three kinds: one that draws, one that refuses the folder (ConfigError) and one
     whose module does not exist (left out of the page)."""
+    for kind in list(plots.KINDS):  # the real kinds have tests of their own below
+        monkeypatch.setitem(plots.KINDS, kind, (f"test_absent_{kind.replace('-', '_')}", "x"))
     kinds = {
         "fake-line": ("test_fake_line", "a fake line figure drawn by the test"),
         "fake-refuses": ("test_fake_refuses", "a fake figure that cannot draw this folder"),
@@ -567,6 +569,22 @@ def test_browser_renders_the_report(which, run_dir, sweep_dir, tmp_path, fake_ki
     assert (pixels[:, :, :3].min(axis=2) < 0.5).mean() > 0.005  # dark pixels: text, lines
     assert _has_colour(pixels, OKABE_ITO[0])  # the figure's line (inline SVG rendered)
     assert _has_colour(pixels, "#E69F00")  # the note's border (the refused figure)
+
+
+@pytest.mark.parametrize("which", ["run", "sweep", "capacity"])
+def test_browser_renders_the_real_figures(which, run_dir, sweep_dir, capacity_dir, tmp_path):
+    folder = {"run": run_dir, "sweep": sweep_dir, "capacity": capacity_dir}[which]
+    page = write_report(folder, tmp_path / "report.html")
+    text = page.read_text(encoding="utf-8")
+    kinds = re.findall(r"<h3 id=figure-([a-z-]+)>", text)
+    expected = {"run": {"cdf", "roofline", "kv"}, "sweep": {"cdf"}, "capacity": {"capacity"}}
+    assert expected[which] <= set(kinds)
+    assert text.count("<svg") + text.count('src="data:image/png') >= len(expected[which])
+    _assert_ids_unique_and_resolved(text)
+    browsed, pixels = _screenshot(page, tmp_path / "chromium")
+    assert browsed.console == [] and browsed.page_requests == []
+    assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
+    assert _has_colour(pixels, OKABE_ITO[0])  # a figure's blue series, rendered
 
 
 def test_browser_reports_a_broken_page(run_dir, tmp_path, no_real_kinds):

@@ -490,7 +490,8 @@ _ID = re.compile(r'\bid="([^"]+)"')
 
 def _inline_svg(svg: str, prefix: str, label: str) -> str:
     """An SVG document made fit for inlining in HTML: no XML prolog, doctype or metadata,
-    every id (and every reference to one) prefixed, sized by CSS from its viewBox."""
+    every id (and every reference to one) prefixed and unique, sized by CSS from its
+    viewBox."""
     start = svg.find("<svg")
     if start < 0:
         raise ValueError("matplotlib wrote no <svg> element")
@@ -502,7 +503,17 @@ def _inline_svg(svg: str, prefix: str, label: str) -> str:
         name = match.group(2)
         return f"{match.group(1)}{prefix}{name}" if name in ids else match.group(0)
 
-    svg = _ID.sub(lambda m: f'id="{prefix}{m.group(1)}"', svg)
+    seen: dict[str, int] = {}
+
+    def unique(match: re.Match[str]) -> str:
+        # a repeated id (an artist's gid given to several lines) gets a counter: ids must be
+        # unique in the page; references point at the first
+        name = match.group(1)
+        seen[name] = seen.get(name, 0) + 1
+        suffix = f"-{seen[name]}" if seen[name] > 1 else ""
+        return f'id="{prefix}{name}{suffix}"'
+
+    svg = _ID.sub(unique, svg)
     svg = re.sub(r"(url\(#)([^)\"']+)", ref, svg)
     svg = re.sub(r'((?:xlink:)?href="#)([^"]+)', ref, svg)
     end = svg.index(">")
