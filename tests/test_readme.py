@@ -69,3 +69,15 @@ def test_readme_sweep_and_capacity_api_example_runs(monkeypatch):
     assert list(capacity["scheduler.policy"]) == ["static", "continuous"]
     static, continuous = capacity["max_request_rate"]
     assert continuous > static
+
+
+def test_readme_figures_exist_and_come_from_the_figures_script():
+    text = README.read_text(encoding="utf-8")
+    images = re.findall(r"!\[[^\]]+\]\((docs/figures/[^)]+)\)", text)
+    assert len(images) == 8
+    script = (README.parent / "docs" / "figures.py").read_text(encoding="utf-8")
+    made = set(re.findall(r'"([a-z-]+\.png)"', script))
+    for image in images:
+        assert (README.parent / image).is_file(), image
+        assert Path(image).name in made, f"{image} is not made by docs/figures.py"
+    assert "python docs/figures.py" in text
