@@ -73,12 +73,17 @@ def figure(kind: str, paths: list[str | Path], options: PlotOptions | None = Non
 
 
 def relevant_kinds(source: Run | Study) -> list[str]:
-    """The kinds that can draw ``source`` (the figures of its report)."""
+    """The kinds that can draw ``source`` (the figures of its report).
+
+    A kind whose module is missing is left out; any other import error (a module that exists
+    but fails to import) is a bug and propagates."""
     kinds = []
-    for kind in KINDS:
+    for kind, (module_name, _) in KINDS.items():
         try:
             draw = module(kind)
-        except ImportError:  # pragma: no cover - every kind ships with batchsim
+        except ModuleNotFoundError as exc:
+            if exc.name != f"batchsim.plots.{module_name}":
+                raise
             continue
         if draw.applies(source):
             kinds.append(kind)

@@ -430,26 +430,8 @@ def _cell_text(value: Any) -> str:
 # ---- figures --------------------------------------------------------------------------------
 
 
-def _available_kinds(source: Run | Study) -> list[tuple[str, Any]]:
-    """The kinds whose module exists in this batchsim and that can draw ``source``.
-
-    A kind whose module is missing is left out; any other import error (a module that exists
-    but fails to import) is a bug and propagates."""
-    found = []
-    for kind, (module_name, _) in plots.KINDS.items():
-        try:
-            draw = plots.module(kind)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"batchsim.plots.{module_name}":
-                raise
-            continue
-        if draw.applies(source):
-            found.append((kind, draw))
-    return found
-
-
 def _add_figures(page: _Page, source: Run | Study) -> None:
-    kinds = _available_kinds(source)
+    kinds = [(kind, plots.module(kind)) for kind in plots.relevant_kinds(source)]
     if not kinds:
         page.add("figures", "Figures", "<p class=muted>No figure kind draws this folder.</p>")
         return
