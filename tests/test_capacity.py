@@ -215,3 +215,20 @@ def test_a_policy_too_slow_at_low_rates_is_searched_upwards():
     assert row["max_request_rate"] > 4 and row["p99_ttft_ms"] <= 3000
     slower = batchsim.run(exp, **{"workload.arrival.rate": row["max_request_rate"] / 4})
     assert slower.summary["p99_ttft_ms"] > 3000  # below the capacity it misses the SLO
+
+
+def test_a_narrow_band_between_a_slow_fill_and_overload_is_found():
+    # Static batching of 8 meets p99 TTFT <= 1600 ms only in a narrow band of rates: below
+    # it, batches take too long to fill; above it, the queue grows. Doubling from 1 req/s
+    # jumps from 8 (too slow) to 16 (overloaded); the search then looks between them.
+    exp = policies_experiment()
+    exp["scheduler"] = {"policy": "static", "max_num_seqs": 8}
+    exp["workload"]["arrival"]["rate"] = 1.0
+    slo = {"p99_ttft_ms": 1600}
+    row = batchsim.capacity(exp, slo, rtol=0.01, executor=INLINE).iloc[0]
+    rate = row["max_request_rate"]
+    assert 8 < rate < 16 and row["p99_ttft_ms"] <= 1600
+    for outside in (8.0, rate * 1.02):
+        summary = batchsim.run(exp, **{"workload.arrival.rate": outside}).summary
+        fails = summary["p99_ttft_ms"] > 1600 or summary["queue_delay_growth"] > 0.05
+        assert fails, outside

@@ -5,9 +5,11 @@ For every configuration of the grid (the base experiment alone without one), a s
 
 1. *Bracket.* Simulate the experiment's own rate; double it while it is sustained, halve it
    while it is not, until one sustained rate and one unsustained rate twice as high are known.
-   (A rate that misses a latency SLO while its queue is stable may lie below the policy's
-   sweet spot — static batching waits longer to fill its batch at lower rates — so the search
-   doubles above it first, and halves only once a rate's queue has grown.)
+   A rate that misses a latency SLO with a stable queue may lie below the policy's sweet
+   spot (static batching waits longer to fill its batch at lower rates), so while the miss
+   shrinks as the rate rises the search doubles instead; when a doubling overloads the
+   engine, it bisects between the last stable rate and the overloaded one, towards smaller
+   misses, to find the band of sustained rates in between (:class:`Search`).
 2. *Bisect* geometrically between them (rates rounded to 6 significant digits) until the
    unsustained rate is within ``rtol`` of the sustained one. ``max_request_rate`` is the
    highest sustained rate found: the true capacity lies in [max_request_rate,
@@ -139,6 +141,22 @@ class Judge:
             return f"queue grows (queue_delay_growth {growth:.3g} > {self.max_queue_growth:g})"
         return ""
 
+    def violation(self, summary: Mapping[str, Any]) -> float:
+        """How far the SLOs are from holding: the largest metric / limit (attainment: target /
+        attained); <= 1 when they hold, inf when a metric is undefined."""
+        if self.attainment is not None:
+            got = summary.get("slo_attainment")
+            if got is None or got != got or got <= 0:
+                return math.inf
+            return self.attainment / float(got)
+        worst = 0.0
+        for key, limit in self.slo.items():
+            got = summary.get(key)
+            if got is None or got != got:
+                return math.inf
+            worst = max(worst, float(got) / limit)
+        return worst
+
     def queue_grows(self, summary: Mapping[str, Any]) -> bool:
         """The stability criterion fails: queueing delay grows faster than allowed."""
         growth = summary.get("queue_delay_growth")
@@ -152,67 +170,128 @@ def _num(value: Any) -> str:
 
 
 @dataclass
-class Search:
-    """The rate search of one configuration.
+class Trial:
+    """One simulated rate of a search."""
 
-    ``tried`` holds every rate simulated, whether it was sustained, and whether its queue
-    grew. The highest sustained rate and the lowest unsustained rate above it bracket the
-    capacity. Before any rate is sustained: if some rate's queue grew, the search halves below
-    the lowest rate tried; if not (every failure is a latency SLO with a stable queue, which
-    happens below a batching policy's sweet spot, e.g. static batching waiting to fill its
-    batch at low rates), it doubles above the highest rate tried first.
+    rate: float
+    ok: bool
+    grew: bool
+    """The queue grew (the stability criterion failed)."""
+    reason: str
+    violation: float
+    """:meth:`Judge.violation` at this rate."""
+
+
+@dataclass
+class Search:
+    """The rate search of one configuration (see the module documentation).
+
+    Before any rate is sustained, the search looks for one:
+
+    - ``up``: while the latest rate misses a latency SLO with a stable queue and the miss
+      shrinks as the rate rises (below a batching policy's sweet spot: static batching waits
+      less to fill its batch at higher rates), double the rate;
+    - ``band``: when doubling made the queue grow, the sustained rates (if any) lie between
+      the last stable rate and it: bisect there, moving towards smaller misses, until a rate
+      is sustained or the interval is within ``rtol``;
+    - ``down``: otherwise halve below the lowest rate tried (an SLO only low loads meet).
+
+    Once a rate is sustained, the highest sustained rate and the lowest unsustained rate above
+    it bracket the capacity: double until one fails, then bisect geometrically.
     """
 
     label: str
     values: dict[str, Any]
     base: ExperimentConfig | None
     error: str = ""
-    tried: list[tuple[float, bool, bool, str]] = field(default_factory=list)
+    tried: list[Trial] = field(default_factory=list)
     lo_outcome: Outcome | None = None
     lo_label: str = ""
     done: bool = False
+    phase: str = "up"
+    band: tuple[float, float] = (0.0, 0.0)
+    band_violation: float = math.inf
+    """The miss at the band's lower end."""
 
     @property
     def lo(self) -> float | None:
         """The highest sustained rate."""
-        passed = [rate for rate, ok, _, _ in self.tried if ok]
+        passed = [t.rate for t in self.tried if t.ok]
         return max(passed) if passed else None
 
     @property
     def hi(self) -> float | None:
         """The lowest unsustained rate above :attr:`lo` (or at all, if none is sustained)."""
         lo = self.lo
-        failed = [rate for rate, ok, _, _ in self.tried if not ok and (lo is None or rate > lo)]
+        failed = [t.rate for t in self.tried if not t.ok and (lo is None or t.rate > lo)]
         return min(failed) if failed else None
 
     @property
     def reason(self) -> str:
         """Why :attr:`hi` is not sustained."""
         hi = self.hi
-        return next((why for rate, _, _, why in self.tried if rate == hi), "")
+        return next((t.reason for t in self.tried if t.rate == hi), "")
+
+    def add(self, trial: Trial, rtol: float) -> None:
+        """Record a simulated rate and choose the next phase."""
+        previous = self.tried[-1] if self.tried else None
+        self.tried.append(trial)
+        if trial.ok or self.lo is not None:
+            self.phase = "bracket"
+            return
+        if self.phase == "up":
+            if trial.grew:
+                stable = [t for t in self.tried if not t.grew and t.rate < trial.rate]
+                if stable:
+                    below = max(stable, key=lambda t: t.rate)
+                    self.phase = "band"
+                    self.band = (below.rate, trial.rate)
+                    self.band_violation = below.violation
+                else:
+                    self.phase = "down"
+            elif previous is not None and not trial.violation < previous.violation:
+                self.phase = "down"  # missing by more as the rate rises: look below
+        elif self.phase == "band":
+            a, b = self.band
+            if trial.grew or not trial.violation < self.band_violation:
+                self.band = (a, trial.rate)  # past the smallest miss, or overloaded
+            else:
+                self.band = (trial.rate, b)
+                self.band_violation = trial.violation
+            if self.band[1] <= self.band[0] * (1 + rtol):
+                self.phase = "down"
 
     def next_rate(self, rtol: float, start: float) -> float | None:
         """The next rate to try, or None when the search is over."""
         if not self.tried:
             return start
-        lo, hi = self.lo, self.hi
-        rates = [rate for rate, *_ in self.tried]
-        if lo is None:
-            if not any(grew for _, _, grew, _ in self.tried):
-                top = max(rates)
-                if top < start * 2**MAX_DOUBLINGS and top < _max_rate():
-                    return min(top * 2, _max_rate())
+        rates = [t.rate for t in self.tried]
+        if self.phase == "up":
+            top = max(rates)
+            if top < start * 2**MAX_DOUBLINGS and top < _max_rate():
+                return min(top * 2, _max_rate())
+            self.phase = "down"
+        if self.phase == "band":
+            return _between(*self.band)
+        if self.phase == "down":
             bottom = min(rates)
             return bottom / 2 if bottom > start / 2**MAX_DOUBLINGS else None
+        lo, hi = self.lo, self.hi
+        assert lo is not None
         if hi is None:
             if lo >= start * 2**MAX_DOUBLINGS or lo >= _max_rate():
                 return None
             return min(lo * 2, _max_rate())
         if hi <= lo * (1 + rtol):
             return None
-        mid = math.sqrt(lo * hi)
-        rounded = _round(mid)
-        return rounded if lo < rounded < hi else mid
+        return _between(lo, hi)
+
+
+def _between(lo: float, hi: float) -> float:
+    """The geometric midpoint, rounded to 6 significant digits when that stays inside."""
+    mid = math.sqrt(lo * hi)
+    rounded = _round(mid)
+    return rounded if lo < rounded < hi else mid
 
 
 def _max_rate() -> float:
@@ -306,13 +385,14 @@ def run_capacity(
             if not search.tried:  # the configuration itself is bad
                 search.error, search.done = outcome.error, True
                 return
-            reason, grew = outcome.error, True  # a rate too high to simulate: go lower
+            trial = Trial(rate, False, True, outcome.error, math.inf)  # too high to simulate
         else:
             reason = cplan.judge(outcome.summary)
             grew = cplan.judge.queue_grows(outcome.summary)
-        if not reason and (search.lo is None or rate > search.lo):
+            trial = Trial(rate, not reason, grew, reason, cplan.judge.violation(outcome.summary))
+        if trial.ok and (search.lo is None or rate > search.lo):
             search.lo_outcome, search.lo_label = outcome, point.label
-        search.tried.append((rate, not reason, grew, reason))
+        search.add(trial, cplan.rtol)
         submit(search)
 
     for search in searches:
@@ -343,7 +423,7 @@ def _capacity_table(searches: list[Search], varied: list[str]) -> pd.DataFrame:
         row["max_request_rate"] = rate
         row["max_request_rate_per_gpu"] = rate / gpus if rate == rate else math.nan
         row["num_gpus"] = gpus
-        rates = [r for r, *_ in s.tried]
+        rates = [t.rate for t in s.tried]
         if s.hi is None and s.lo is not None:
             row["limited_by"] = f"nothing up to {s.lo:g} req/s"
         elif s.lo is None and rates:
