@@ -541,3 +541,16 @@ def test_no_global_random_state_is_used():
     state = np.random.get_state()[1].copy()
     batchsim.sweep(small(), {"scheduler.max_num_seqs": [4]}, seeds=2, executor=INLINE)
     assert (np.random.get_state()[1] == state).all()
+
+
+@pytest.mark.parametrize("command", ["sweep", "capacity"])
+def test_an_unwritable_study_folder_is_a_one_line_error(tmp_path, capsys, command):
+    exp = write_exp(tmp_path / "e.yaml", small())
+    target = "/proc/batchsim-cannot-write-here/study"  # the kernel refuses new entries
+    argv = [command, str(exp), "-o", target, "--workers", "1", "-q"]
+    if command == "capacity":
+        argv += ["--slo", "p99_ttft_ms=1000"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("batchsim: error: cannot write /proc/") and "[Errno" in err
+    assert len(err.splitlines()) == 1

@@ -73,7 +73,8 @@ class Outcome:
         return self.summary is not None
 
 
-def _os_error(path: Path, exc: OSError) -> ConfigError:
+def os_error(path: Path, exc: OSError) -> ConfigError:
+    """``cannot write PATH: [Errno N] reason`` (exit code 2 on the command line)."""
     reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
     return ConfigError(f"cannot write {path}: {reason}")
 
@@ -189,7 +190,7 @@ class PointStore:
                 elif leftover.name.endswith(".tmp"):
                     leftover.unlink(missing_ok=True)
         except OSError as exc:
-            raise _os_error(folder, exc) from None
+            raise os_error(folder, exc) from None
         return folder
 
     def record(self, point: Point, outcome: Outcome, values: dict[str, Any]) -> None:
@@ -212,7 +213,7 @@ class PointStore:
             }
             write_atomic(folder / "point.json", json.dumps(record, indent=2, default=str) + "\n")
         except OSError as exc:
-            raise _os_error(folder, exc) from None
+            raise os_error(folder, exc) from None
 
 
 def check_study_dir(root: Path, kind: str) -> None:
@@ -234,7 +235,7 @@ def check_study_dir(root: Path, kind: str) -> None:
     try:
         entries = [p.name for p in root.iterdir() if not p.name.startswith(".")]
     except OSError as exc:
-        raise _os_error(root, exc) from None
+        raise os_error(root, exc) from None
     if not entries:
         return
     try:

@@ -47,7 +47,15 @@ from batchsim.studies.grid import (
     varied_keys,
     zip_axis,
 )
-from batchsim.studies.store import MARKER, FileDigests, Outcome, Point, PointStore, write_atomic
+from batchsim.studies.store import (
+    MARKER,
+    FileDigests,
+    Outcome,
+    Point,
+    PointStore,
+    os_error,
+    write_atomic,
+)
 from batchsim.validation import ConfigModel, StrictInt, config_error_from_pydantic
 
 if TYPE_CHECKING:
@@ -329,11 +337,13 @@ def write_table(table: pd.DataFrame, root: Path, stem: str) -> None:
                 frame[column] = [None if v is None else str(v) for v in frame[column]]
     with np.errstate(invalid="ignore"):  # numpy < 1.25 warns casting NaN to text
         text = frame.to_csv(index=False)
-    write_atomic(root / f"{stem}.csv", text)
     tmp = root / f".{stem}.parquet.{secrets.token_hex(4)}.tmp"
     try:
+        write_atomic(root / f"{stem}.csv", text)
         frame.to_parquet(tmp, index=False)
         tmp.replace(root / f"{stem}.parquet")
+    except OSError as exc:
+        raise os_error(root, exc) from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -355,8 +365,11 @@ def write_marker(plan: SweepPlan, root: Path, num_points: int) -> None:
         "num_points": num_points,
         **plan.extra,
     }
-    root.mkdir(parents=True, exist_ok=True)
-    write_atomic(root / MARKER, json.dumps(record, indent=2, default=str) + "\n")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        write_atomic(root / MARKER, json.dumps(record, indent=2, default=str) + "\n")
+    except OSError as exc:
+        raise os_error(root, exc) from None
 
 
 @dataclass
