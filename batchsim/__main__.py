@@ -2,6 +2,6 @@
 
 import sys
 
-from batchsim.cli import main
+from batchsim.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())

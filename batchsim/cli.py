@@ -7,6 +7,7 @@ when interrupted by SIGINT/SIGTERM.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import signal
 import sys
@@ -709,6 +710,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+def console_main() -> int:
+    """Entry point of the ``batchsim`` console script and ``python -m batchsim``: :func:`main`,
+    then a quick exit.
+
+    :func:`gc.freeze` before the interpreter exits spares its final garbage collections, which
+    scan every object the imports created (~40 ms after a run, more than the simulation of a
+    small experiment). Objects still alive then are released with the process. Code that calls
+    :func:`main` in a process that goes on is not affected.
+    """
+    code = main()
+    gc.freeze()
+    return code
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args: argparse.Namespace | None = None
     try:
@@ -733,4 +748,4 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -10,7 +10,8 @@ Two kinds of shapes:
 * ``--tokens 1,512,2048 [--context C]`` — one prefill chunk of N tokens after C cached tokens.
 
 Must not import simpy, the engine or the scheduler: it needs only the catalogs and
-:mod:`batchsim.cost`.
+:mod:`batchsim.cost`, and imports them when the command runs (the CLI builds its parser with
+:func:`add_arguments`, which must stay light).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import argparse
 import csv
 import json
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from batchsim.catalog.hardware import load_hardware
-from batchsim.catalog.model import DTYPE_BYTES, load_model
-from batchsim.cost import OP_NAMES, WEIGHT_DTYPES, BatchShape, RooflineCostModel
+from batchsim.dtypes import DTYPE_BYTES, WEIGHT_DTYPES
 from batchsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from batchsim.cost import BatchShape, RooflineCostModel
 
 __all__ = ["FORMATS", "add_arguments", "build_rows", "run"]
 
@@ -137,6 +139,8 @@ def build_rows(
     cost_model: RooflineCostModel, shapes: list[tuple[int, int, BatchShape]]
 ) -> list[dict[str, Any]]:
     """One output row per (batch size, context, shape)."""
+    from batchsim.cost import OP_NAMES
+
     rows = []
     for batch, context, shape in shapes:
         cost = cost_model.estimate(shape)
@@ -171,6 +175,10 @@ def mark_knee(rows: list[dict[str, Any]], knee: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``batchsim roofline``; returns the exit code (errors raise ConfigError)."""
+    from batchsim.catalog.hardware import load_hardware
+    from batchsim.catalog.model import load_model
+    from batchsim.cost import BatchShape, RooflineCostModel
+
     fmt = _choice("--format", args.format, FORMATS)
     dtype = _choice("--dtype", args.dtype, WEIGHT_DTYPES)
     kv_dtype = _choice("--kv-dtype", args.kv_dtype, KV_DTYPES)
@@ -258,6 +266,8 @@ def _csv_cell(value: Any) -> str:
 
 def _write_csv(rows: list[dict[str, Any]], knee: int | None, out: TextIO) -> None:
     """Every column of the table, plus the knee batch size of the header on every row."""
+    from batchsim.cost import OP_NAMES
+
     writer = csv.writer(out, lineterminator="\n")
     ops = [f"{name}_ms" for name in OP_NAMES]
     writer.writerow([*_CSV_SCALARS, *ops, "knee", "knee_batch_size"])
@@ -277,6 +287,8 @@ def _si(value: float, unit: str) -> str:
 
 
 def _write_table(result: dict[str, Any], decode: bool, out: TextIO) -> None:
+    from batchsim.cost import OP_NAMES
+
     rows = result["rows"]
     knee = result["knee_batch_size"]
     mode = "ideal datasheet roofline" if result["ideal"] else "calibrated roofline"

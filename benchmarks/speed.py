@@ -15,6 +15,12 @@ Cases:
       ``../shared/traces/azure_llm_2023_conv.csv`` from the repository root; skipped if absent).
   (d) ``--million``: workload (a) with 1,000,000 requests must finish without exhausting memory.
 
+Start-up, warm, best of 5 (first, a few seconds): ``batchsim --version`` and ``batchsim run`` of
+a 1-request experiment, each as ``python -m batchsim`` in a subprocess, run once to warm the
+caches (the OS file cache; the bytecode cache too unless PYTHONDONTWRITEBYTECODE is set), then
+5 times; the fastest wall time counts. Targets: <= 0.15 s and <= 0.3 s. ``--only start-up``
+runs only this section.
+
 Every case runs in its own subprocess, so its peak memory (max RSS, from ``os.wait4``) is its
 own. Peak memory of a ``simulate()`` case includes the interpreter and imports (~150 MB).
 """
@@ -149,6 +155,55 @@ def bench(
     return row
 
 
+# Start-up: what a user waits for before anything is simulated.
+STARTUP = "start-up"
+STARTUP_REPEAT = 5
+STARTUP_TARGETS_S = {"batchsim --version": 0.15, "batchsim run, 1 request": 0.3}
+ONE_REQUEST = {
+    "num_requests": 1,
+    "arrival": {"process": "all_at_once"},
+    "prompt_tokens": {"dist": "fixed", "value": 128},
+    "output_tokens": {"dist": "fixed", "value": 16},
+}
+
+
+def bench_startup(workdir: Path, names: list[str]) -> list[dict[str, Any]]:
+    """Each start-up case: one warm-up run, then the best of ``STARTUP_REPEAT``."""
+    path = workdir / "startup-one.yaml"
+    exp = experiment("startup-one", CONTINUOUS, ONE_REQUEST)
+    path.write_text(yaml.safe_dump(exp, sort_keys=False), encoding="utf-8")
+    batchsim = [sys.executable, "-m", "batchsim"]
+    argvs = {
+        "batchsim --version": [*batchsim, "--version"],
+        "batchsim run, 1 request": [*batchsim, "run", str(path), "-o", str(workdir / "startup")],
+    }
+    rows = []
+    for name in names:
+        print(f"running {STARTUP}: {name} ...", file=sys.stderr, flush=True)
+        run_child(argvs[name])  # warm-up
+        wall, peak, code, _, err = best_of(STARTUP_REPEAT, argvs[name])
+        row: dict[str, Any] = {"case": name, "wall_s": wall, "peak_mb": peak}
+        if code != 0:
+            row["error"] = (err.strip().splitlines() or ["?"])[-1]
+        rows.append(row)
+    return rows
+
+
+def print_startup(rows: list[dict[str, Any]]) -> None:
+    print(f"{STARTUP}, warm, best of {STARTUP_REPEAT}:")
+    width = max(len(r["case"]) for r in rows)
+    for r in rows:
+        target = STARTUP_TARGETS_S[r["case"]]
+        if "error" in r:
+            print(f"  {r['case']:<{width}}  FAILED: {r['error']}")
+            continue
+        verdict = "ok" if r["wall_s"] <= target else "MISSED"
+        print(
+            f"  {r['case']:<{width}}  {r['wall_s']:.3f} s  {r['peak_mb']:.0f} MB  "
+            f"(target <= {target:g} s: {verdict})"
+        )
+
+
 COLUMNS = [
     ("case", "case", "{}"),
     ("requests", "requests", "{:,}"),
@@ -223,18 +278,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(c) skipped: no Azure conv trace at {azure} (use --azure PATH)")
     if args.million:
         cases.append(("d: continuous 1M", experiment("d", CONTINUOUS, workload_a(1_000_000)), True))
+    startup = list(STARTUP_TARGETS_S)
     if args.only:
         cases = [c for c in cases if args.only in c[0]]
-        if not cases:
+        startup = [name for name in startup if args.only in f"{STARTUP}: {name}"]
+        if not cases and not startup:
             print(f"no case name contains {args.only!r}", file=sys.stderr)
             return 2
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="batchsim-speed-") as tmp:
+        startup_rows = bench_startup(Path(tmp), startup)
         for name, exp, with_cli in cases:
             print(f"running {name} ...", file=sys.stderr, flush=True)
             repeat = 1 if name.startswith("d:") else args.repeat  # (d) takes minutes per run
             rows.append(bench(name, exp, Path(tmp), with_cli, repeat))
+    if startup_rows:
+        print()
+        print_startup(startup_rows)
+    if not rows:
+        return 1 if any("error" in r for r in startup_rows) else 0
     print()
     print_table(rows)
     first = rows[0] if rows and rows[0]["case"].startswith("a:") else None
@@ -246,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'ok' if ok_time else 'MISSED'}; peak <= {TARGET_PEAK_MB:g} MB: "
             f"{first['cli_peak_mb']:.0f} MB {'ok' if ok_mem else 'MISSED'}"
         )
-    return 1 if any("error" in r for r in rows) else 0
+    return 1 if any("error" in r for r in [*startup_rows, *rows]) else 0
 
 
 if __name__ == "__main__":

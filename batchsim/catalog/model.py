@@ -9,8 +9,9 @@ derived: the catalog holds the config fields and the official parameter count on
 the derivation against it.
 
 Must not import anything from batchsim except :mod:`batchsim.errors`, :mod:`batchsim.catalog`,
-:mod:`batchsim.yamlio` (the one file reader) and :mod:`batchsim.validation` (the number rules):
-the cost model, the config loader and the CLI build on this module.
+:mod:`batchsim.dtypes`, :mod:`batchsim.yamlio` (the one file reader) and
+:mod:`batchsim.validation` (the number rules): the cost model, the config loader and the CLI
+build on this module.
 
 Every integer field is an integer in [1, 2^24] (widths, layers, heads, experts, vocabulary,
 context length; a few counts may be 0), ``official_num_params`` a finite number in
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from batchsim.catalog import catalog_names, resolve
+from batchsim.dtypes import DTYPE_BYTES  # bytes per element of each dtype; re-exported here
 from batchsim.errors import ConfigError
 from batchsim.validation import format_value, number_problem
 from batchsim.yamlio import line_of, read_mapping
@@ -40,21 +42,6 @@ __all__ = [
     "model_table",
     "resolve_kv_dtype",
 ]
-
-DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4,
-    "fp16": 2,
-    "bf16": 2,
-    "fp8": 1,
-    "int8": 1,
-    "int4": 0.5,
-}
-"""Bytes per stored element for each weight / KV-cache dtype.
-
-``int4`` is the bare 4-bit payload: the per-group scales and zero points of GPTQ/AWQ-style
-quantization (about 0.03 byte per weight at group size 128) are ignored, see
-:meth:`ModelSpec.weight_bytes`.
-"""
 
 SUPPORTED_MODEL_TYPES = (
     "llama",

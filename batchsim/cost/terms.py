@@ -3,14 +3,15 @@
 Owns :class:`HardwareTerms`, every term the kernel models need, in SI units, for one weight
 dtype (with ``ideal=True``: datasheet peaks and bandwidths, no floors or overheads), the rule
 that picks the tensor-core peak a weight dtype runs at (:func:`compute_dtype`), the weight
-dtypes the cost model accepts (:data:`WEIGHT_DTYPES`), and the validation of the GEMM terms.
+dtypes the cost model accepts (:data:`WEIGHT_DTYPES`, whose list lives in :mod:`batchsim.dtypes`
+for the command line's help), and the validation of the GEMM terms.
 
 Compute dtype: bf16/fp16 use their peak; fp8 uses the fp8 peak when the GPU has one, else the
 16-bit peak (weight-only W8A16, as vLLM's Marlin kernels on Ampere); int8 and int4 are
 weight-only (W8A16 / W4A16) and use the 16-bit peak.
 
 Must not import anything from batchsim but :mod:`batchsim.catalog.hardware`,
-:mod:`batchsim.errors` and :mod:`batchsim.cost.gemm` (its tile limits).
+:mod:`batchsim.errors`, :mod:`batchsim.dtypes` and :mod:`batchsim.cost.gemm` (its tile limits).
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from dataclasses import dataclass
 
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
 from batchsim.cost.gemm import MIN_TILE_M, MIN_TILE_N
+from batchsim.dtypes import WEIGHT_DTYPES  # defined there for the command line's help
 from batchsim.errors import ConfigError
 
 __all__ = ["WEIGHT_DTYPES", "HardwareTerms", "compute_dtype"]
-
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
-"""Weight dtypes the cost model accepts (``engine.dtype``)."""
 
 
 def compute_dtype(hardware: HardwareProfile, dtype: str) -> str:

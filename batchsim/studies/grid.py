@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchsim.errors import ConfigError
-from batchsim.validation import format_value
-from batchsim.yamlio import loads
+
+# batchsim.validation (pydantic) and batchsim.yamlio (yaml) are imported where they are used:
+# the command line's help reads VALUES_HELP from here and must stay light.
 
 MAX_AXIS_VALUES = 100_000
 """Values one axis may have."""
@@ -151,6 +152,8 @@ def parse_values(spec: Any, label: str) -> list[Any]:
         text = spec.strip()
         if not text:
             raise ConfigError(f"{label}: no values; {VALUES_HELP}")
+        from batchsim.yamlio import loads
+
         try:
             parsed = loads(text if text.startswith("[") else f"[{text}]")
         except ConfigError as exc:
@@ -242,5 +245,7 @@ def label_part(value: Any) -> str:
     elif isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         text = repr(value)
     else:
+        from batchsim.validation import format_value
+
         text = format_value(value) if not isinstance(value, (dict, list)) else cell(value)
     return _UNSAFE.sub("_", text).strip("_") or "_"
