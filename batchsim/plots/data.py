@@ -47,10 +47,7 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
 
 def ok_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of a study table whose point ran (``error`` empty)."""
-    if "error" not in table:
-        return table
-    error = table["error"]
-    return table[error.isna() | (error.astype(str) == "")]
+    return table[_blank(table["error"])] if "error" in table else table
 
 
 @dataclass

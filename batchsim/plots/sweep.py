@@ -20,7 +20,6 @@ from batchsim.plots.data import Run, Study, ok_rows
 from batchsim.plots.style import describe_run, finish, new_figure, series_colors
 
 if TYPE_CHECKING:
-    import pandas as pd
     from matplotlib.figure import Figure
 
     from batchsim.plots import PlotOptions
@@ -105,7 +104,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             f"{', '.join(allowed[:40])}{' ...' if len(allowed) > 40 else ''}"
         )
     ok = ok_rows(table)
-    groups = _groups(ok, others)
+    groups = [(series.label, series.rows) for series in study.series(others)]
     if len(groups) > MAX_LINES:
         raise ConfigError(
             f"{study.path}: {len(groups)} combinations of {', '.join(others)}; plot sweep "
@@ -139,17 +138,6 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     bottom.set_xlabel(_key_label(x_key))
     fig.suptitle(f"{describe_run(study.base_config)}\nswept: {', '.join(study.varied)}")
     return fig
-
-
-def _groups(table: pd.DataFrame, keys: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    if not keys:
-        return [("", table)]
-    out = []
-    for values, rows in table.groupby(keys, sort=False):
-        values = values if isinstance(values, tuple) else (values,)
-        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(keys, values))
-        out.append((label, rows))
-    return out
 
 
 def _key_label(key: str) -> str:
