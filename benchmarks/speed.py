@@ -4,6 +4,7 @@
     python benchmarks/speed.py --million       # also (d): 1,000,000 requests (takes minutes)
     python benchmarks/speed.py --azure PATH    # the Azure conv trace somewhere else
     python benchmarks/speed.py --repeat 3      # best of 3 runs per case (noisy machines)
+    python benchmarks/speed.py --only f:       # only (f): reading big traces
 
 Cases:
   (a) 10,000 requests, Poisson 2 req/s, prompts uniform 512-2048, outputs uniform 128-512,
@@ -14,6 +15,12 @@ Cases:
   (c) the full Azure LLM inference 2023 conversation trace (default
       ``../shared/traces/azure_llm_2023_conv.csv`` from the repository root; skipped if absent).
   (d) ``--million``: workload (a) with 1,000,000 requests must finish without exhausting memory.
+  (f) reading traces: a 1,000,000-row Azure-format trace (the shipped conversation sample
+      repeated, each copy shifted past the previous one) loaded whole, target <= 0.5 s; and a
+      3,000,000-row one behind a workload with ``num_requests: 1000``, which should cost about
+      as much as a 1000-row file. The files are generated in a temporary folder. "read s" is
+      timed inside the child (``load_trace`` or ``generate``, lazy imports included); "imports
+      only" is the same child without reading, the floor of the peak memory.
 
 Start-up, warm, best of 5 (first, a few seconds): ``batchsim --version`` and ``batchsim run`` of
 a 1-request experiment, each as ``python -m batchsim`` in a subprocess, run once to warm the
@@ -98,6 +105,98 @@ _SIMULATE_ONLY = textwrap.dedent(
                       "requests": s["num_requests"], "completed": s["completed"]}))
     """
 )
+
+
+# Runs in a fresh interpreter: read a trace (whole, or behind num_requests), timed inside.
+_READ_TRACE = textwrap.dedent(
+    """
+    import json, sys, time
+    from batchsim.workload import TraceConfig, generate, load_trace, parse_workload
+    path, limit = sys.argv[1], int(sys.argv[2])
+    start = time.perf_counter()
+    if limit > 0:
+        workload = {"trace": {"path": path, "format": "azure"}, "num_requests": limit}
+        rows = len(generate(parse_workload(workload), 0))
+    elif limit == 0:
+        rows = len(load_trace(TraceConfig(path=path, format="azure")))
+    else:
+        rows = 0
+    print(json.dumps({"read_s": time.perf_counter() - start, "rows": rows}))
+    """
+)
+TRACE_TARGET_S = 0.5
+
+
+def write_azure_trace(path: Path, rows: int) -> Path:
+    """An Azure-format trace of ``rows`` rows: the shipped conversation sample repeated, each
+    copy shifted in time past the end of the previous one (CRLF lines, like the original)."""
+    import numpy as np
+
+    sample = (REPO / "workloads" / "azure_conv_sample.csv").read_text(encoding="utf-8")
+    header, *lines = sample.splitlines()
+    stamps = np.array([line.split(",", 1)[0] for line in lines], dtype="datetime64[ns]")
+    tails = [line[line.index(",") :] + "\r\n" for line in lines]
+    period = (stamps[-1] - stamps[0]) + np.timedelta64(1, "s")
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(header + "\r\n")
+        done = 0
+        copy = 0
+        while done < rows:
+            take = min(len(lines), rows - done)
+            shifted = stamps[:take] + period * copy
+            text = np.datetime_as_string(shifted, unit="ns")  # 2023-11-16T18:15:46.680590000
+            f.write("".join(f"{t[:10]} {t[11:27]}{tail}" for t, tail in zip(text, tails)))
+            done += take
+            copy += 1
+    return path
+
+
+def bench_trace(name: str, path: Path | None, limit: int, repeat: int) -> dict[str, Any]:
+    argv = [sys.executable, "-c", _READ_TRACE, str(path or ""), str(limit)]
+    wall, peak, code, out, err = best_of(repeat, argv)
+    row: dict[str, Any] = {"case": name}
+    if code != 0:
+        row["error"] = (err.strip().splitlines() or ["?"])[-1]
+        return row
+    info = json.loads(out.strip().splitlines()[-1])
+    row.update(rows=info["rows"], read_s=info["read_s"], process_s=wall, peak_mb=peak)
+    if path is not None:
+        row["file_mb"] = path.stat().st_size / 2**20
+    return row
+
+
+TRACE_COLUMNS = [
+    ("case", "case", "{}"),
+    ("file_mb", "file MB", "{:.0f}"),
+    ("rows", "rows read", "{:,}"),
+    ("read_s", "read s", "{:.2f}"),
+    ("process_s", "process s", "{:.2f}"),
+    ("peak_mb", "peak MB", "{:.0f}"),
+]
+
+
+# Case (f): (name, rows of the generated trace or 0 for none, num_requests or 0 or -1).
+TRACE_CASES = [
+    ("f: imports only", 0, -1),
+    ("f: azure 1M, whole", 1_000_000, 0),
+    ("f: azure 3M, num_requests 1000", 3_000_000, 1000),
+]
+
+
+def trace_cases(workdir: Path, names: list[str], repeat: int) -> list[dict[str, Any]]:
+    """Run the (f) cases in ``names``: imports alone, a 1M-row trace read whole, a 3M-row one
+    behind num_requests."""
+    out = []
+    for name, size, limit in TRACE_CASES:
+        if name not in names:
+            continue
+        path = workdir / f"azure_{size}.csv" if size else None
+        if path is not None and not path.exists():
+            print(f"writing a {size:,}-row trace ...", file=sys.stderr, flush=True)
+            write_azure_trace(path, size)
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        out.append(bench_trace(name, path, limit, repeat))
+    return out
 
 
 def run_child(argv: list[str]) -> tuple[float, float, int, str, str]:
@@ -217,18 +316,18 @@ COLUMNS = [
 ]
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
+def print_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]] = COLUMNS) -> None:
     cells = [
-        [fmt.format(r[key]) if r.get(key) is not None else "-" for key, _, fmt in COLUMNS]
+        [fmt.format(r[key]) if r.get(key) is not None else "-" for key, _, fmt in columns]
         for r in rows
     ]
     widths = [
-        max(len(title), *(len(c[i]) for c in cells)) for i, (_, title, _) in enumerate(COLUMNS)
+        max(len(title), *(len(c[i]) for c in cells)) for i, (_, title, _) in enumerate(columns)
     ]
     print(
         "  ".join(
             title.rjust(w) if i else title.ljust(w)
-            for i, ((_, title, _), w) in enumerate(zip(COLUMNS, widths))
+            for i, ((_, title, _), w) in enumerate(zip(columns, widths))
         )
     )
     for c in cells:
@@ -279,27 +378,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.million:
         cases.append(("d: continuous 1M", experiment("d", CONTINUOUS, workload_a(1_000_000)), True))
     startup = list(STARTUP_TARGETS_S)
+    trace_names = [name for name, _, _ in TRACE_CASES if not args.only or args.only in name]
     if args.only:
         cases = [c for c in cases if args.only in c[0]]
         startup = [name for name in startup if args.only in f"{STARTUP}: {name}"]
-        if not cases and not startup:
+        if not cases and not startup and not trace_names:
             print(f"no case name contains {args.only!r}", file=sys.stderr)
             return 2
 
     rows = []
+    trace_rows = []
     with tempfile.TemporaryDirectory(prefix="batchsim-speed-") as tmp:
         startup_rows = bench_startup(Path(tmp), startup)
         for name, exp, with_cli in cases:
             print(f"running {name} ...", file=sys.stderr, flush=True)
             repeat = 1 if name.startswith("d:") else args.repeat  # (d) takes minutes per run
             rows.append(bench(name, exp, Path(tmp), with_cli, repeat))
+        if trace_names:
+            trace_rows = trace_cases(Path(tmp), trace_names, args.repeat)
     if startup_rows:
         print()
         print_startup(startup_rows)
-    if not rows:
-        return 1 if any("error" in r for r in startup_rows) else 0
-    print()
-    print_table(rows)
+    if rows:
+        print()
+        print_table(rows)
+    if trace_rows:
+        print()
+        print_table(trace_rows, TRACE_COLUMNS)
+        whole = next((r for r in trace_rows if r["case"].startswith("f: azure 1M")), None)
+        if whole and "read_s" in whole:
+            ok = whole["read_s"] <= TRACE_TARGET_S
+            print(
+                f"\ntarget (f): 1M-row trace read <= {TRACE_TARGET_S:g} s: "
+                f"{whole['read_s']:.2f} s {'ok' if ok else 'MISSED'}"
+            )
     first = rows[0] if rows and rows[0]["case"].startswith("a:") else None
     if first and "cli_s" in first:
         ok_time = first["cli_s"] <= TARGET_WALL_S
@@ -309,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'ok' if ok_time else 'MISSED'}; peak <= {TARGET_PEAK_MB:g} MB: "
             f"{first['cli_peak_mb']:.0f} MB {'ok' if ok_mem else 'MISSED'}"
         )
-    return 1 if any("error" in r for r in [*startup_rows, *rows]) else 0
+    return 1 if any("error" in r for r in [*startup_rows, *rows, *trace_rows]) else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Modules (every public name is re-exported here; import from ``batchsim.workload`
 - :mod:`~batchsim.workload.arrivals`: open-loop arrival processes.
 - :mod:`~batchsim.workload.files`: data-file lookup and strict parsing with file:line errors.
 - :mod:`~batchsim.workload.traces`: ``trace:`` config and the trace readers.
+- :mod:`~batchsim.workload.columnar`: the fast, columnar (pyarrow) path of the trace readers.
 - :mod:`~batchsim.workload.config`: :class:`WorkloadConfig`, workload files.
 - :mod:`~batchsim.workload.generation`: :func:`generate` and :class:`RequestTable`.
 - :mod:`~batchsim.workload.listing`: :func:`workload_table`.

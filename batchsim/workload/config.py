@@ -37,6 +37,7 @@ class WorkloadConfig(ConfigModel):
     ``concurrency`` users each send their next request ``think_time_ms`` after the previous one
     finished; arrival times are then decided by the engine. ``num_requests`` and ``duration_s``
     both bound an open-loop workload (and may truncate a trace); whichever is hit first wins.
+    A trace is read only up to its ``num_requests``-th row: rows after it are not checked.
     With a ``trace`` plus ``arrival`` or ``concurrency``, only the trace's token counts are used
     (in file order).
     """

@@ -6,10 +6,14 @@ catalog), the column and number parsers shared by the trace readers
 length distribution. Every malformed value raises a :class:`~batchsim.errors.ConfigError`
 naming the file, the line and the value.
 
-Files are read by :func:`batchsim.yamlio.read_text` (UTF-8, at most 512 MiB, not empty) and
-hold at most :data:`~batchsim.validation.MAX_REQUESTS` data rows. Token counts are integers in
-[1, :data:`~batchsim.validation.MAX_TOKENS`]; times are finite, >= 0 and, relative to the first
-row, at most :data:`~batchsim.validation.MAX_SECONDS`.
+Files follow the rules of :func:`batchsim.yamlio.read_text` (UTF-8, at most 512 MiB, not
+empty) and hold at most :data:`~batchsim.validation.MAX_REQUESTS` data rows. Token counts are
+integers in [1, :data:`~batchsim.validation.MAX_TOKENS`]; times are finite, >= 0 and, relative
+to the first row, at most :data:`~batchsim.validation.MAX_SECONDS`.
+
+A trace may be read only in part: :func:`read_data_bytes` with ``lines`` stops after the line
+that completes the first ``lines`` non-blank lines, and the rules then apply to those lines
+alone (what comes after is not read).
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import csv
 import functools
 import io
 import math
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from batchsim import yamlio
 from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
 from batchsim.validation import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, format_value
@@ -67,6 +73,116 @@ def read_data_text(path: str, shown: str) -> str:
     return read_text(Path(path), source=shown)
 
 
+def decode_data(data: bytes, shown: str) -> str:
+    """The text of ``data``, the bytes of a trace file or of its start, under the rules of
+    :func:`batchsim.yamlio.read_text` (UTF-8, no NUL byte, not empty)."""
+    text = yamlio._decode(data, shown)
+    if not text.strip():
+        raise ConfigError("empty file", shown)
+    return text
+
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+_SPACES = "".join(c for c in map(chr, range(0x3001)) if c.isspace() and c != "\n").encode()
+"""Every character but ``\\n`` that ``str.strip()`` removes (the last is U+3000), in UTF-8."""
+_SPACE_BYTES = bytes(sorted(set(_SPACES)))
+_STARTS_SPACE = np.zeros(256, dtype=bool)  # first bytes of those characters
+_STARTS_SPACE[[c.encode()[0] for c in _SPACES.decode()]] = True
+_CHUNK = 1 << 16
+_MAX_CHUNK = 1 << 24
+
+
+def blank(line: bytes) -> bool:
+    """Whether a line (UTF-8, without its ``\\n``) is blank to the row readers: nothing but
+    white space (``str.strip()``). Undecodable bytes are not blank."""
+    try:
+        return not line.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return False
+
+
+def read_data_bytes(path: str, shown: str, lines: int | None = None) -> tuple[bytes, bool]:
+    """The bytes of a trace file: all of them, or with ``lines`` only its start.
+
+    Args:
+        path: The file.
+        shown: How to name it in errors.
+        lines: Read up to the end of the line (split at ``\\n``) that completes the first
+            ``lines`` non-blank lines (see :func:`blank`), or to the end of a shorter file.
+
+    Returns:
+        The bytes, and whether they are the whole file.
+
+    Raises:
+        ConfigError: Unreadable, or larger than :data:`batchsim.yamlio.MAX_DATA_BYTES` (a part
+            is read only from a file within the limit).
+    """
+    limit = yamlio.MAX_DATA_BYTES
+    if lines is None:
+        return yamlio._read_bytes(Path(path), limit, shown), True
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > limit:
+                raise ConfigError(
+                    f"file is larger than {limit // 2**20} MiB, the limit for this kind of file",
+                    shown,
+                )
+            return _read_lines(f, lines)
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc.strerror or exc}", shown) from None
+
+
+def _read_lines(f: io.BufferedReader, lines: int) -> tuple[bytes, bool]:
+    """Read blocks (growing) until ``lines`` non-blank lines are complete; cut after that."""
+    parts: list[bytes] = []
+    size = 0  # bytes in parts
+    found = 0  # non-blank lines completed so far
+    pending: bytes | None = b""  # the unfinished line, None once it is surely not blank
+    chunk = _CHUNK
+    while True:
+        block = f.read(chunk)
+        if not block:
+            return b"".join(parts), True
+        skip = len(_UTF8_BOM) if not parts and block.startswith(_UTF8_BOM) else 0
+        parts.append(block)
+        ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+        if ends.size == 0:
+            pending = _open_line(pending, block[skip:])
+        else:
+            starts = np.concatenate(([skip], ends[:-1] + 1))
+            nonblank = _nonblank(block, starts, ends)
+            if pending is None:
+                nonblank[0] = True
+            elif pending:
+                nonblank[0] = not blank(pending + block[skip : int(ends[0])])
+            counts = np.cumsum(nonblank)
+            if found + int(counts[-1]) >= lines:
+                last = int(np.searchsorted(counts, lines - found))
+                return b"".join(parts)[: size + int(ends[last]) + 1], False
+            found += int(counts[-1])
+            pending = _open_line(b"", block[int(ends[-1]) + 1 :])
+        size += len(block)
+        chunk = min(chunk * 2, _MAX_CHUNK)
+
+
+def _open_line(pending: bytes | None, more: bytes) -> bytes | None:
+    """The unfinished line so far, or None once it holds a byte of no white-space character
+    (kept only while it may still be blank)."""
+    if pending is None or more.strip(_SPACE_BYTES):
+        return None
+    return pending + more
+
+
+def _nonblank(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which lines ``data[starts[i]:ends[i]]`` are not :func:`blank` (vectorised but for the
+    lines that begin with a white-space character, decoded one by one)."""
+    first = np.frombuffer(data, dtype=np.uint8)[starts]  # starts[i] <= ends[i] < len(data)
+    out = ends > starts
+    for i in np.flatnonzero(out & _STARTS_SPACE[first]):
+        out[i] = not blank(data[int(starts[i]) : int(ends[i])])
+    return out
+
+
 def _check_row_count(count: int, shown: str, line: int) -> None:
     if count > MAX_REQUESTS:
         raise ConfigError(
@@ -88,8 +204,11 @@ def csv_rows(text: str, shown: str) -> Iterator[tuple[list[str], int]]:
         raise ConfigError(f"malformed CSV: {exc}", shown, reader.line_num) from None
 
 
-def _read_rows(text: str, shown: str) -> tuple[list[str], list[list[str]], list[int]]:
-    """Header, non-blank rows and their 1-based line numbers of a CSV text."""
+def _read_rows(
+    text: str, shown: str, limit: int | None = None
+) -> tuple[list[str], list[list[str]], list[int]]:
+    """Header, non-blank rows (the first ``limit`` ones) and their 1-based line numbers of a
+    CSV text."""
     header: list[str] | None = None
     rows: list[list[str]] = []
     lines: list[int] = []
@@ -100,6 +219,8 @@ def _read_rows(text: str, shown: str) -> tuple[list[str], list[list[str]], list[
         rows.append(row)
         lines.append(line)
         _check_row_count(len(rows), shown, line)
+        if len(rows) == limit:
+            break
     if header is None or not rows:
         raise ConfigError("empty trace: no data rows", shown)
     return header, rows, lines
@@ -224,6 +345,50 @@ def _check_sorted(times: np.ndarray, lines: Sequence[int], name: str, shown: str
             shown,
             lines[i],
         )
+
+
+def seconds_since_first(stamps: Sequence[str]) -> np.ndarray | None:
+    """Seconds after the first of ISO 8601 timestamps (pandas), or None if one is no date-time
+    or they mix time zones."""
+    import pandas as pd  # local: only trace loading needs it
+
+    try:
+        parsed = pd.to_datetime(pd.Series(stamps), format="ISO8601", errors="coerce")
+        if bool(parsed.isna().any()):
+            return None
+        seconds = (parsed - parsed.iloc[0]) / pd.Timedelta(seconds=1)
+    except OverflowError:  # more than 292 years apart: breaks the span or order rule anyway
+        times: Any = parsed.array
+        ticks = times.asi8.astype(np.float64)
+        return (ticks - ticks[0]) / float(pd.Timedelta(seconds=1) / pd.Timedelta(1, parsed.dt.unit))
+    except (ValueError, TypeError):  # time zones mixed (pandas 2 fails on subtracting)
+        return None
+    return seconds.to_numpy(dtype=np.float64)
+
+
+def first_bad_stamp(stamps: Sequence[str]) -> tuple[int, bool]:
+    """Where :func:`seconds_since_first` fails: (index of the first timestamp that is no
+    date-time or is in another time zone than those before it, whether it is the zone)."""
+    import pandas as pd
+
+    end = len(stamps)
+    try:
+        parsed = pd.to_datetime(pd.Series(stamps), format="ISO8601", errors="coerce")
+        missing = np.flatnonzero(parsed.isna().to_numpy())
+        if missing.size:
+            end = int(missing[0])
+            if end == 0 or seconds_since_first(stamps[:end]) is not None:
+                return end, False
+    except ValueError:  # time zones mixed (pandas 3)
+        pass
+    lo, hi = 0, end - 1  # bisect: the first prefix that fails (longer ones fail too)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if seconds_since_first(stamps[: mid + 1]) is None:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi, seconds_since_first(stamps[hi : hi + 1]) is not None  # a date-time: the zone
 
 
 def _is_number(text: str) -> bool:

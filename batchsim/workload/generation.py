@@ -84,8 +84,9 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         The request table.
 
     Raises:
-        ConfigError: Unreadable or malformed trace/data file, a trace shorter than
-            ``num_requests``, or no request at all.
+        ConfigError: Unreadable or malformed trace/data file (a trace is read only up to its
+            ``num_requests``-th row), a trace shorter than ``num_requests``, or no request at
+            all.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
@@ -94,7 +95,7 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
     hash_ids: list | None = None
 
     if cfg.trace is not None:
-        trace = load_trace(cfg.trace, base_dir)
+        trace = load_trace(cfg.trace, base_dir, limit=cfg.num_requests)  # reads only those rows
         if cfg.num_requests is not None and cfg.num_requests > len(trace):
             raise ConfigError(
                 f"workload.num_requests={cfg.num_requests} exceeds the {len(trace)} requests "
@@ -120,7 +121,7 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         prompt = trace.prompt_tokens[:n].copy()
         output = trace.output_tokens[:n].copy()
         if trace.hash_ids is not None:
-            hash_ids = trace.hash_ids[:n]
+            hash_ids = list(trace.hash_ids[:n])
     else:
         assert cfg.prompt_tokens is not None and cfg.output_tokens is not None
         if closed:

@@ -67,7 +67,7 @@ def _definition_row(definition: WorkloadDefinition) -> _Row:
     cfg = definition.config
     parts: list[str] = []
     if cfg.trace is not None:
-        trace = load_trace(cfg.trace, definition.base_dir)
+        trace = load_trace(cfg.trace, definition.base_dir, limit=cfg.num_requests)
         count = min(cfg.num_requests or len(trace), len(trace))
         mean_p = float(trace.prompt_tokens[:count].mean())
         mean_o = float(trace.output_tokens[:count].mean())

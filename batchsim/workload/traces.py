@@ -5,12 +5,19 @@ Owns :class:`TraceConfig` (with :class:`CsvColumns`), the ``TRACE_FORMATS`` desc
 JSONL or a generic CSV into arrival times (seconds since the first row) and token counts.
 Malformed rows, timestamps going backwards and empty files raise a
 :class:`~batchsim.errors.ConfigError` naming the file and line.
+
+Two readers share the work. The columnar one (:mod:`~batchsim.workload.columnar`, pyarrow and
+numpy) reads the usual files; when it cannot vouch for a file (an unusual way of writing it,
+or a broken rule), the row-by-row one here reads the same bytes and names the first bad line.
+With ``limit`` only the first ``limit`` data rows are read: the file is read up to the line
+that ends them, and rows after it are neither read nor checked.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +27,7 @@ from pydantic import Field, model_validator
 
 from batchsim.errors import ConfigError
 from batchsim.validation import ConfigModel, FieldError, StrictFloat, format_value
+from batchsim.workload import columnar
 from batchsim.workload.files import (
     _check_row_count,
     _check_sorted,
@@ -31,8 +39,11 @@ from batchsim.workload.files import (
     _read_rows,
     _take,
     csv_rows,
-    read_data_text,
+    decode_data,
+    first_bad_stamp,
+    read_data_bytes,
     resolve_data_path,
+    seconds_since_first,
 )
 
 
@@ -92,15 +103,23 @@ class _Trace:
     arrival_time: np.ndarray | None  # seconds, unscaled, non-decreasing; None = no timestamps
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
-    hash_ids: list[list[int]] | None
+    hash_ids: Sequence[list[int]] | None  # a slice gives a list of lists
     format: str
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
 
 
-def load_trace(trace: TraceConfig, base_dir: Path | None = None) -> _Trace:
-    """Read a trace file (cached per file, format and columns; do not modify the arrays).
+def load_trace(
+    trace: TraceConfig, base_dir: Path | None = None, limit: int | None = None
+) -> _Trace:
+    """Read a trace file (cached per file, format, columns and limit; do not modify the arrays).
+
+    Args:
+        trace: The ``workload.trace`` block.
+        base_dir: Directory of the experiment file (see :func:`resolve_data_path`).
+        limit: Read only the first ``limit`` data rows (the file up to the line that ends
+            them); rows after it are not read, so not checked either. None: the whole file.
 
     Raises:
         ConfigError: Missing file, malformed row (names file and line), timestamps going
@@ -117,7 +136,15 @@ def load_trace(trace: TraceConfig, base_dir: Path | None = None) -> _Trace:
         cols,
         trace.time_unit or "s",
         trace.path,
+        limit,
     )
+
+
+def _format_of_header(header: list[str], explicit_csv: bool) -> str:
+    if explicit_csv:
+        return "csv"
+    names = {h.strip() for h in header}
+    return "azure" if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names else "csv"
 
 
 def _infer_format(path: str, text: str, explicit_csv: bool, shown: str) -> str:
@@ -125,9 +152,7 @@ def _infer_format(path: str, text: str, explicit_csv: bool, shown: str) -> str:
         return "mooncake"
     if explicit_csv:
         return "csv"
-    header = next(csv_rows(text, shown), ([], 0))[0]
-    names = {h.strip() for h in header}
-    return "azure" if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names else "csv"
+    return _format_of_header(next(csv_rows(text, shown), ([], 0))[0], explicit_csv)
 
 
 @functools.lru_cache(maxsize=8)
@@ -139,23 +164,77 @@ def _load_trace_cached(
     cols: CsvColumns,
     time_unit: str,
     shown: str,
+    limit: int | None = None,
 ) -> _Trace:
-    text = read_data_text(path, shown)
-    fmt = fmt or _infer_format(path, text, explicit_csv, shown)
-    if fmt == "mooncake":
-        out = _read_mooncake(text, shown)
-    elif fmt == "azure":
-        out = _read_azure(text, shown)
-    else:
-        out = _read_csv_trace(text, shown, cols, time_unit)
+    jsonl = fmt == "mooncake" or (fmt is None and Path(path).suffix in (".jsonl", ".json"))
+    lines = None if limit is None else limit + (0 if jsonl else 1)  # a CSV has a header line
+    data, whole = read_data_bytes(path, shown, lines)
+    if not whole and not jsonl and b'"' in data:  # a quoted field may hold a line break
+        data, whole = read_data_bytes(path, shown)
+    out = _parse(data, path, fmt, explicit_csv, cols, time_unit, shown, limit)
+    if not whole and limit is not None and len(out) < limit:  # not expected: lines are rows
+        out = _parse(
+            read_data_bytes(path, shown)[0], path, fmt, explicit_csv, cols, time_unit, shown, limit
+        )
     for arr in (out.arrival_time, out.prompt_tokens, out.output_tokens):
         if arr is not None:
             arr.setflags(write=False)
     return out
 
 
-def _read_azure(text: str, shown: str) -> _Trace:
-    header, rows, lines = _read_rows(text, shown)
+def _parse(
+    data: bytes,
+    path: str,
+    fmt: str | None,
+    explicit_csv: bool,
+    cols: CsvColumns,
+    time_unit: str,
+    shown: str,
+    limit: int | None,
+) -> _Trace:
+    """The trace in ``data``: read by the columnar reader if it can, else row by row."""
+    if fmt == "mooncake" or (fmt is None and Path(path).suffix in (".jsonl", ".json")):
+        moon = columnar.read_mooncake(data, shown, limit)
+        if moon is not None:
+            return _Trace(moon[0], moon[1], moon[2], moon[3], "mooncake")
+        return _parse_rows(data, path, "mooncake", explicit_csv, cols, time_unit, shown, limit)
+    header = columnar.csv_header(data)
+    if header is not None:
+        kind = fmt or _format_of_header(header.names, explicit_csv)
+        if kind == "azure":
+            azure = columnar.read_azure(data, header, shown, limit)
+            if azure is not None:
+                return _Trace(azure[0], azure[1], azure[2], None, "azure")
+        else:
+            names = (cols.arrival_time, cols.prompt_tokens, cols.output_tokens)
+            generic = columnar.read_generic_csv(data, header, shown, limit, names, time_unit)
+            if generic is not None:
+                return _Trace(generic[0], generic[1], generic[2], None, "csv")
+    return _parse_rows(data, path, fmt, explicit_csv, cols, time_unit, shown, limit)
+
+
+def _parse_rows(
+    data: bytes,
+    path: str,
+    fmt: str | None,
+    explicit_csv: bool,
+    cols: CsvColumns,
+    time_unit: str,
+    shown: str,
+    limit: int | None,
+) -> _Trace:
+    """The trace in ``data``, read row by row (names the first bad line)."""
+    text = decode_data(data, shown)
+    fmt = fmt or _infer_format(path, text, explicit_csv, shown)
+    if fmt == "mooncake":
+        return _read_mooncake(text, shown, limit)
+    if fmt == "azure":
+        return _read_azure(text, shown, limit)
+    return _read_csv_trace(text, shown, cols, time_unit, limit)
+
+
+def _read_azure(text: str, shown: str, limit: int | None = None) -> _Trace:
+    header, rows, lines = _read_rows(text, shown, limit)
     width = len(header)
     i_ts, i_ctx, i_gen = (
         _column_index(header, name, shown)
@@ -166,26 +245,25 @@ def _read_azure(text: str, shown: str) -> _Trace:
     output = _positive_ints(
         _take(rows, lines, i_gen, width, shown), lines, "GeneratedTokens", shown
     )
-    import pandas as pd  # local: only trace loading needs it
-
-    parsed = pd.to_datetime(pd.Series(stamps), format="ISO8601", errors="coerce")
-    bad = np.flatnonzero(parsed.isna().to_numpy())
-    if bad.size:
-        i = int(bad[0])
+    seconds = seconds_since_first(stamps)
+    if seconds is None:
+        i, zone = first_bad_stamp(stamps)
         raise ConfigError(
-            "TIMESTAMP: expected a date-time like 2023-11-16 18:15:46.6805900, "
+            "TIMESTAMP: expected a date-time like 2023-11-16 18:15:46.6805900"
+            f"{' in the time zone of the rows before' if zone else ''}, "
             f"got {format_value(stamps[i])}",
             shown,
             lines[i],
         )
-    seconds = ((parsed - parsed.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
     _check_sorted(seconds, lines, "TIMESTAMP", shown)
     _check_span(seconds, lines, "TIMESTAMP", shown)
     return _Trace(seconds, prompt, output, None, "azure")
 
 
-def _read_csv_trace(text: str, shown: str, cols: CsvColumns, time_unit: str) -> _Trace:
-    header, rows, lines = _read_rows(text, shown)
+def _read_csv_trace(
+    text: str, shown: str, cols: CsvColumns, time_unit: str, limit: int | None = None
+) -> _Trace:
+    header, rows, lines = _read_rows(text, shown, limit)
     width = len(header)
     i_p = _column_index(header, cols.prompt_tokens, shown)
     i_o = _column_index(header, cols.output_tokens, shown)
@@ -203,7 +281,7 @@ def _read_csv_trace(text: str, shown: str, cols: CsvColumns, time_unit: str) -> 
     return _Trace(arrival, prompt, output, None, "csv")
 
 
-def _read_mooncake(text: str, shown: str) -> _Trace:
+def _read_mooncake(text: str, shown: str, limit: int | None = None) -> _Trace:
     stamps: list[Any] = []
     inputs: list[Any] = []
     outputs: list[Any] = []
@@ -234,6 +312,8 @@ def _read_mooncake(text: str, shown: str) -> _Trace:
         hashes.append(ids)
         lines.append(line_no)
         _check_row_count(len(lines), shown, line_no)
+        if len(lines) == limit:
+            break
     if not lines:
         raise ConfigError("empty trace: no data rows", shown)
     prompt = _positive_ints(inputs, lines, "input_length", shown)

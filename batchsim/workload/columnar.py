@@ -1,0 +1,599 @@
+"""Columnar reading of trace files with pyarrow: the fast path of :mod:`~batchsim.workload.traces`.
+
+Each reader here returns the arrays of a trace, or None when it cannot vouch that they are what
+the row-by-row readers of :mod:`~batchsim.workload.traces` would return. Then those readers run
+on the same bytes and report the first broken rule as always (file and line), so every check
+here may be stricter than the rules but never looser, and no error message is written here but
+the row-limit one. Left to the row-by-row readers: bytes that break the encoding rules; in a CSV,
+a quote character in the data rows, a row whose field count is not the header's, a line longer
+than ``csv.field_size_limit()``, a number written unusually (``12.0``, ``1e3``, ``+5``); in a
+JSONL file, escapes (``\\``), a lone ``\\r``, more than one object per line, an object spread
+over lines, nesting besides ``hash_ids``, a non-integer or missing value; and every broken rule.
+(A lone ``\\r`` ends a CSV line for the csv module and for pyarrow alike, so only line numbers
+differ, and those are the row-by-row reader's.) Azure timestamps written other than
+``YYYY-MM-DD HH:MM:SS[.fffffffff]`` (``T`` may separate date and time) are parsed by pandas,
+as the row-by-row reader does.
+
+Nothing here builds Python objects per row (but for timestamps written otherwise, handed to
+pandas). pyarrow is imported when a trace is first read; pandas only for those timestamps.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from batchsim.validation import MAX_SECONDS, MAX_TOKENS
+from batchsim.workload import files
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+_SCAN = 1 << 22  # bytes compared at a time when looking for a byte (bounds the temporaries)
+_GATHER = 1 << 16  # timestamps copied at a time when their widths differ
+_BLOCK = 1 << 14  # timestamps parsed at a time (the temporaries stay in the cache)
+_SEPARATORS = {4: ord("-"), 7: ord("-"), 13: ord(":"), 16: ord(":"), 19: ord(".")}
+_FLOAT_CHARS = np.zeros(256, dtype=bool)
+_FLOAT_CHARS[list(b"0123456789.eE+-")] = True
+_MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+_EXACT_NS = 2**53  # differences up to this many ns convert to float64 exactly
+
+
+class HashIds(Sequence[list[int]]):
+    """Mooncake ``hash_ids`` of every row, stored flat: row ``i`` is
+    ``values[offsets[i]:offsets[i + 1]]``. Indexing gives a list of ints, slicing a list of
+    them (built only for the rows asked for)."""
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray):
+        self._values = values
+        self._offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[list[int]]: ...
+
+    def __getitem__(self, index: int | slice) -> list[int] | list[list[int]]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                return list(HashIds(self._values, self._offsets[start : max(start, stop) + 1]))
+            return [self[i] for i in range(start, stop, step)]
+        i = range(len(self))[index]
+        return self._values[self._offsets[i] : self._offsets[i + 1]].tolist()
+
+    def head(self, rows: int) -> HashIds:
+        """The first ``rows`` rows."""
+        return HashIds(self._values, self._offsets[: rows + 1])
+
+    def __iter__(self) -> Iterator[list[int]]:
+        first = int(self._offsets[0])
+        flat = self._values[first : int(self._offsets[-1])].tolist()
+        ends = (self._offsets - first).tolist()
+        return (flat[a:b] for a, b in itertools.pairwise(ends))
+
+
+# ------------------------------------------------------------------------------------ bytes
+
+
+def _text_rules_hold(data: bytes) -> bool:
+    """No NUL byte and valid UTF-8 (which also rules out UTF-16/UTF-32 byte-order marks)."""
+    if b"\x00" in data:
+        return False
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _lone_carriage_return(data: bytes) -> bool:
+    """A ``\\r`` not followed by ``\\n`` (csv and pyarrow end a line there, Python's json
+    does not)."""
+    returns = _positions(data, 0, 13)
+    if not len(returns):
+        return False
+    if int(returns[-1]) == len(data) - 1:
+        return True
+    return not bool(np.all(np.frombuffer(data, dtype=np.uint8)[returns + 1] == 10))
+
+
+def _positions(data: bytes, start: int, byte: int) -> np.ndarray:
+    """Offsets of ``byte`` in ``data[start:]`` (int64, ascending)."""
+    codes = np.frombuffer(data, dtype=np.uint8)
+    found = [
+        np.flatnonzero(codes[lo : lo + _SCAN] == byte) + lo for lo in range(start, len(data), _SCAN)
+    ]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _lines(data: bytes, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Newline offsets in ``data[start:]``, and the start and end offsets of its lines (the last
+    one included when it has no newline)."""
+    newlines = _positions(data, start, 10)
+    ends = newlines
+    if not data.endswith(b"\n") and len(data) > start:
+        ends = np.concatenate((newlines, [len(data)]))
+    starts = np.concatenate(([start], ends[:-1] + 1)) if len(ends) else ends
+    return newlines, starts, ends
+
+
+# ------------------------------------------------------------------------------------ CSV
+
+
+@dataclass(frozen=True)
+class CsvHeader:
+    """The header of a CSV trace, found in its bytes."""
+
+    names: list[str]
+    """Column names, stripped."""
+    start: int
+    """Offset of the header line."""
+    end: int
+    """Offset just past the header line: the data rows start here."""
+
+
+def csv_header(data: bytes) -> CsvHeader | None:
+    """The header of a CSV trace (its first non-blank line), or None when the columnar reader
+    does not read these bytes."""
+    if not _text_rules_hold(data):
+        return None
+    pos = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
+    while True:
+        newline = data.find(b"\n", pos)
+        end = len(data) if newline < 0 else newline + 1
+        line = data[pos:end]
+        if not files.blank(line.removesuffix(b"\n")):
+            break
+        if newline < 0:
+            return None
+        pos = end
+    if b"\r" in data[:pos] or b"\r" in line.removesuffix(b"\r\n"):
+        return None  # csv ends a line at a lone "\r" too: the lines here would not be its
+    text = line.decode("utf-8").removesuffix("\n").removesuffix("\r")
+    try:  # strict: a quote left open (a header spread over lines) is an error, not a guess
+        row = next(csv.reader([text], strict=True))
+    except (csv.Error, StopIteration):
+        return None
+    if len(row) == 1 and not row[0].strip():  # blank to the csv module (e.g. '""'): skipped
+        return None
+    return CsvHeader([h.strip() for h in row], pos, end)
+
+
+def read_azure(
+    data: bytes, header: CsvHeader, shown: str, limit: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(Seconds since the first row, prompt tokens, output tokens) of an Azure trace."""
+    names = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    if not all(name in header.names for name in names):
+        return None
+    i_ts, i_ctx, i_gen = (header.names.index(name) for name in names)
+    table = _read_body(data, header, {i_ts: "text", i_ctx: "count", i_gen: "count"}, shown, limit)
+    if table is None:
+        return None
+    prompt = _token_counts(table.column(f"c{i_ctx}"))
+    output = _token_counts(table.column(f"c{i_gen}"))
+    if prompt is None or output is None:
+        return None
+    seconds = _azure_seconds(table.column(f"c{i_ts}"))
+    if seconds is None or not _times_hold(seconds):
+        return None
+    return seconds, prompt, output
+
+
+def read_generic_csv(
+    data: bytes,
+    header: CsvHeader,
+    shown: str,
+    limit: int | None,
+    columns: tuple[str | None, str, str],
+    time_unit: str,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray] | None:
+    """(Arrival times or None, prompt tokens, output tokens) of a generic CSV trace;
+    ``columns`` names the arrival time (None: no times), prompt and output columns."""
+    arrival_name, prompt_name, output_name = columns
+    wanted = [prompt_name, output_name] + ([arrival_name] if arrival_name is not None else [])
+    if not all(name in header.names for name in wanted):
+        return None
+    index = [header.names.index(name) for name in wanted]
+    kinds = ["count", "count", "time"][: len(index)]
+    types = dict(zip(index, kinds))
+    if any(types[i] != kind for i, kind in zip(index, kinds)):
+        return None  # one column read both as times and as counts
+    table = _read_body(data, header, types, shown, limit)
+    if table is None:
+        return None
+    prompt = _token_counts(table.column(f"c{index[0]}"))
+    output = _token_counts(table.column(f"c{index[1]}"))
+    if prompt is None or output is None:
+        return None
+    arrival = None
+    if arrival_name is not None:
+        arrival = _nonnegative_floats(table.column(f"c{index[2]}"))
+        if arrival is None:
+            return None
+        if time_unit == "ms":
+            arrival = arrival / 1000.0
+        if not _times_hold(arrival):
+            return None
+    return arrival, prompt, output
+
+
+def _read_body(
+    data: bytes,
+    header: CsvHeader,
+    types: dict[int, str],
+    shown: str,
+    limit: int | None,
+) -> pa.Table | None:
+    """The columns ``types`` names (index: ``"text"``, ``"count"`` or ``"time"``) of the first
+    ``limit`` data rows, named ``c<index>``. Text columns are strings; counts are int64 unless
+    an ``x`` in the data might be hexadecimal (which pyarrow reads as a number and the rules do
+    not), then strings; times are float64. pyarrow's numbers are a subset of Python's: it
+    trims spaces and tabs as Python's ``int()`` and ``float()`` do, and reads no ``_``, no
+    ``+`` before an integer and no unicode digit.
+
+    Raises:
+        ConfigError: More than MAX_REQUESTS data rows (read whole), naming the first line over.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    if data.find(b'"', header.end) >= 0:
+        return None
+    width = len(header.names)
+    names = [f"c{i}" for i in range(width)]
+    if not _lines_within_field_limit(data, header.end):
+        return None
+    hexadecimal = data.find(b"x", header.end) >= 0 or data.find(b"X", header.end) >= 0
+    arrow_types = {
+        "text": pa.string(),
+        "count": pa.string() if hexadecimal else pa.int64(),
+        "time": pa.float64(),
+    }
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(memoryview(data)[header.end :]),
+            read_options=pacsv.ReadOptions(column_names=names),
+            parse_options=pacsv.ParseOptions(
+                quote_char=False,
+                double_quote=False,
+                escape_char=False,
+                newlines_in_values=False,
+                ignore_empty_lines=True,
+            ),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=[names[i] for i in sorted(types)],
+                column_types={names[i]: arrow_types[kind] for i, kind in types.items()},
+                null_values=[],
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except pa.ArrowException:
+        return None
+    if limit is not None:
+        table = table.slice(0, limit)
+    if table.num_rows == 0:
+        return None
+    if table.num_rows > files.MAX_REQUESTS:
+        line = _line_of_data_row(data, header, files.MAX_REQUESTS)
+        if line is None:
+            return None
+        files._check_row_count(table.num_rows, shown, line)
+    return table
+
+
+def _lines_within_field_limit(data: bytes, start: int) -> bool:
+    """Every line of ``data[start:]`` is at most ``csv.field_size_limit()`` bytes long, so no
+    field is longer than the csv module allows."""
+    limit = csv.field_size_limit()
+    # A line longer than the limit holds a whole aligned block of half its size: when each
+    # block has a newline, no line is too long (a few hundred finds for 100 MB).
+    block = max(limit // 2, 1)
+    blocks = range(start, len(data) - block + 1, block)
+    if all(data.find(b"\n", lo, lo + block) >= 0 for lo in blocks):
+        return True
+    _, starts, ends = _lines(data, start)
+    return not len(ends) or int((ends - starts).max()) <= limit
+
+
+def _line_of_data_row(data: bytes, header: CsvHeader, row: int) -> int | None:
+    """1-based line of data row ``row`` (0-based; pyarrow skips empty lines), or None when
+    lines of white space or a lone ``\\r`` (a line break to csv) make the count uncertain."""
+    if _lone_carriage_return(data):
+        return None
+    _, starts, ends = _lines(data, header.end)
+    view = np.frombuffer(data, dtype=np.uint8)
+    length = ends - starts
+    if len(length):
+        length -= (length > 0) & (view[np.maximum(ends - 1, 0)] == 13)  # a CRLF line's "\r"
+    filled = np.flatnonzero(length > 0)
+    if len(filled) and not np.all(files._nonblank(data, starts[filled], ends[filled])):
+        return None
+    if row >= len(filled):
+        return None
+    return data.count(b"\n", 0, header.start) + 2 + int(filled[row])
+
+
+def _numbers(column: pa.ChunkedArray | pa.Array, dtype: type[np.generic]) -> np.ndarray:
+    """The values of a null-free int64 or float64 column, read from its buffers (pyarrow's
+    ``to_numpy`` would import pandas)."""
+    chunks = column.chunks if hasattr(column, "chunks") else [column]
+    size = np.dtype(dtype).itemsize
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * size)
+        for c in chunks
+        if len(c)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def _string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(Offsets, bytes) of a pyarrow string array: value ``i`` is
+    ``bytes[offsets[i]:offsets[i + 1]]``."""
+    buffers = array.buffers()
+    offsets = np.frombuffer(
+        buffers[1], dtype=np.int32, count=len(array) + 1, offset=array.offset * 4
+    )
+    values = buffers[2]
+    codes = np.frombuffer(values, dtype=np.uint8) if values is not None else np.zeros(0, np.uint8)
+    return offsets, codes
+
+
+def _token_counts(column: pa.ChunkedArray) -> np.ndarray | None:
+    """Integers in [1, MAX_TOKENS], or None. An int64 column was parsed by pyarrow (see
+    :func:`_read_body` for what it accepts); a string column must hold plain digits."""
+    import pyarrow as pa
+
+    if column.type == pa.string():
+        for chunk in column.chunks:
+            offsets, codes = _string_buffers(chunk)
+            if not len(chunk):
+                continue
+            if int(np.diff(offsets).min()) < 1:
+                return None
+            text = codes[offsets[0] : offsets[-1]]
+            if int(text.min()) < ord("0") or int(text.max()) > ord("9"):
+                return None
+        import pyarrow.compute as pc
+
+        try:
+            column = pc.cast(column, pa.int64())
+        except pa.ArrowException:
+            return None
+    counts = _numbers(column, np.int64)
+    if not counts.size or counts.min() < 1 or counts.max() > MAX_TOKENS:
+        return None
+    return counts
+
+
+def _nonnegative_floats(column: pa.ChunkedArray) -> np.ndarray | None:
+    """Finite numbers >= 0 (parsed by pyarrow as float64), or None."""
+    values = _numbers(column, np.float64)
+    if not (values.size and np.isfinite(values).all() and values.min() >= 0):
+        return None
+    return values
+
+
+def _times_hold(seconds: np.ndarray) -> bool:
+    """Non-decreasing and within MAX_SECONDS (NaN fails both)."""
+    return bool(np.all(np.diff(seconds) >= 0)) and bool(np.all(seconds <= MAX_SECONDS))
+
+
+# ------------------------------------------------------------------------------------ times
+
+
+def _azure_seconds(column: pa.ChunkedArray) -> np.ndarray | None:
+    """Seconds since the first timestamp, equal to what pandas' ISO 8601 parsing gives; None
+    when pandas finds a timestamp it cannot read."""
+    pieces = [_iso_ns(chunk) for chunk in column.chunks]
+    if pieces and all(p is not None for p in pieces):
+        ns = np.concatenate([p for p in pieces if p is not None])
+        if int(ns.max()) - int(ns.min()) < _EXACT_NS:  # Python ints: no overflow
+            return (ns - ns[0]).astype(np.float64) / 1e9
+    return _pandas_seconds(column)
+
+
+def _pandas_seconds(column: pa.ChunkedArray) -> np.ndarray | None:
+    """The row-by-row reader's conversion (for timestamps written another way)."""
+    return files.seconds_since_first(column.to_pylist())
+
+
+def _iso_ns(array: pa.Array) -> np.ndarray | None:
+    """Nanoseconds since 1970 of ``YYYY-MM-DD HH:MM:SS[.f]`` timestamps (1 to 9 fraction
+    digits, ``T`` or a space in the middle, years 1900-2199), or None if any is written
+    otherwise or is no date."""
+    offsets, codes = _string_buffers(array)
+    lengths = np.diff(offsets)
+    if not len(lengths):
+        return np.zeros(0, dtype=np.int64)
+    if lengths.min() == lengths.max():
+        width = int(lengths[0])
+        return _iso_ns_fixed(codes[offsets[0] : offsets[-1]].reshape(len(lengths), width))
+    out = np.empty(len(lengths), dtype=np.int64)
+    for width in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == width)
+        text = np.empty((len(rows), width), dtype=np.uint8)
+        for lo in range(0, len(rows), _GATHER):  # gathered in blocks: the index is 8 B a byte
+            starts = offsets[rows[lo : lo + _GATHER]].astype(np.int64)
+            text[lo : lo + _GATHER] = codes[starts[:, None] + np.arange(width)]
+        part = _iso_ns_fixed(text)
+        if part is None:
+            return None
+        out[rows] = part
+    return out
+
+
+def _iso_ns_fixed(text: np.ndarray) -> np.ndarray | None:
+    """:func:`_iso_ns` of timestamps of one width, given as a (rows, width) array of bytes
+    (worked through in blocks of rows, transposed so that each character is a row)."""
+    rows, width = text.shape
+    if width != 19 and not 21 <= width <= 29:
+        return None
+    out = np.empty(rows, dtype=np.int64)
+    for lo in range(0, rows, _BLOCK):
+        part = _iso_ns_block(np.ascontiguousarray(text[lo : lo + _BLOCK].T))
+        if part is None:
+            return None
+        out[lo : lo + _BLOCK] = part
+    return out
+
+
+def _iso_ns_block(chars: np.ndarray) -> np.ndarray | None:
+    """:func:`_iso_ns_fixed` of a (width, rows) array: ``chars[i]`` is character ``i`` of
+    every timestamp."""
+    width = chars.shape[0]
+    for col, char in _SEPARATORS.items():
+        if col < width and not np.all(chars[col] == char):
+            return None
+    if not np.all((chars[10] == ord(" ")) | (chars[10] == ord("T"))):
+        return None
+    digits = chars[[c for c in range(width) if c not in _SEPARATORS and c != 10]]
+    if int(digits.min()) < ord("0") or int(digits.max()) > ord("9"):
+        return None
+    d = chars.astype(np.int64)
+    d -= ord("0")
+    year = d[0] * 1000 + d[1] * 100 + d[2] * 10 + d[3]
+    month = d[5] * 10 + d[6]
+    day = d[8] * 10 + d[9]
+    hour = d[11] * 10 + d[12]
+    minute = d[14] * 10 + d[15]
+    second = d[17] * 10 + d[18]
+    if not (
+        np.all((year >= 1900) & (year <= 2199))
+        and np.all((month >= 1) & (month <= 12))
+        and np.all(hour <= 23)
+        and np.all(minute <= 59)
+        and np.all(second <= 59)
+    ):
+        return None
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    if not np.all((day >= 1) & (day <= _MONTH_DAYS[month] + ((month == 2) & leap))):
+        return None
+    # Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+    y = year - (month <= 2)
+    era = y // 400
+    year_of_era = y - era * 400
+    day_of_year = (153 * ((month + 9) % 12) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    days = era * 146097 + day_of_era - 719468
+    ns = (days * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000
+    if width > 20:
+        fraction = d[20]
+        for col in range(21, width):
+            fraction = fraction * 10 + d[col]
+        ns += fraction * 10 ** (29 - width)
+    return ns
+
+
+# ------------------------------------------------------------------------------------ JSONL
+
+
+def read_mooncake(
+    data: bytes, shown: str, limit: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, HashIds] | None:
+    """(Seconds since the first row, prompt tokens, output tokens, hash ids) of a Mooncake
+    JSONL trace.
+
+    Raises:
+        ConfigError: More than MAX_REQUESTS rows (read whole), naming the first line over.
+    """
+    if not _text_rules_hold(data) or b"\\" in data or _lone_carriage_return(data):
+        return None
+    import pyarrow as pa
+    import pyarrow.json as pajson
+
+    start = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
+    schema = pa.schema(
+        [
+            ("timestamp", pa.int64()),
+            ("input_length", pa.int64()),
+            ("output_length", pa.int64()),
+            ("hash_ids", pa.list_(pa.int64())),
+        ]
+    )
+    try:
+        table = pajson.read_json(
+            pa.py_buffer(memoryview(data)[start:]),
+            parse_options=pajson.ParseOptions(
+                explicit_schema=schema,
+                unexpected_field_behavior="ignore",
+                newlines_in_values=False,
+            ),
+        )
+    except pa.ArrowException:
+        return None
+    rows = table.num_rows
+    newlines, starts, ends = _lines(data, start)
+    nonblank = np.flatnonzero(files._nonblank(data, starts, ends)) if len(ends) else ends
+    if not rows or len(nonblank) != rows or not _one_brace_per_row(data, start, newlines, rows):
+        return None
+    stamps, inputs, outputs, hashes = (table.column(i) for i in range(4))
+    if stamps.null_count or inputs.null_count or outputs.null_count:
+        return None
+    hash_ids = _hash_ids(hashes, data, start, rows)
+    if hash_ids is None:
+        return None
+    if limit is None and rows > files.MAX_REQUESTS:
+        files._check_row_count(rows, shown, int(nonblank[files.MAX_REQUESTS]) + 1)
+    keep = rows if limit is None else min(rows, limit)
+    prompt = _counts(inputs, keep)
+    output = _counts(outputs, keep)
+    ms = _numbers(stamps, np.int64)[:keep]
+    if prompt is None or output is None or ms.min() < 0:
+        return None
+    ms_f = ms.astype(np.float64)
+    seconds = (ms_f - ms_f[0]) / 1000.0
+    if not _times_hold(seconds):
+        return None
+    return seconds, prompt, output, hash_ids.head(keep)
+
+
+def _one_brace_per_row(data: bytes, start: int, newlines: np.ndarray, rows: int) -> bool:
+    """As many ``{`` and ``}`` as rows, no two ``{`` on one line: each row is an object on a
+    line of its own, with no object inside (so no deep nesting either)."""
+    braces = _positions(data, start, ord("{"))
+    if len(braces) != rows or data.count(b"}", start) != rows:
+        return False
+    return bool(np.all(np.diff(np.searchsorted(newlines, braces)) > 0))
+
+
+def _counts(column: pa.ChunkedArray, keep: int) -> np.ndarray | None:
+    """The first ``keep`` values if all are token counts, else None."""
+    counts = _numbers(column, np.int64)[:keep]
+    if counts.min() < 1 or counts.max() > MAX_TOKENS:
+        return None
+    return counts
+
+
+def _hash_ids(column: pa.ChunkedArray, data: bytes, start: int, rows: int) -> HashIds | None:
+    """The ``hash_ids`` lists, or None when one is null (which may be an explicit null) or
+    holds a null, or when a ``[`` or ``]`` belongs to anything else."""
+    brackets = data.count(b"[", start)
+    if brackets != data.count(b"]", start):
+        return None
+    if column.null_count == rows:  # no row has the key: every list is empty
+        if brackets or data.find(b'"hash_ids"', start) >= 0:
+            return None
+        return HashIds(np.zeros(0, dtype=np.int64), np.zeros(rows + 1, dtype=np.int64))
+    if column.null_count or brackets != rows:
+        return None
+    lists: Any = column.combine_chunks()
+    offsets = _numbers(lists.offsets, np.int32).astype(np.int64)
+    values = lists.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    if values.null_count:
+        return None
+    return HashIds(_numbers(values, np.int64), offsets - offsets[0])
