@@ -29,13 +29,16 @@ from batchsim.catalog.model import DTYPE_BYTES, ModelSpec, resolve_kv_dtype
 from batchsim.cost.attention import AttentionPricing, decode_steps_in_block
 from batchsim.cost.comm import AllReducePricing
 from batchsim.cost.costs import (
+    ACT_BYTES,
     EMPTY_COST,
+    EMPTY_STEP,
     ZERO_OP,
     CostSum,
     DecodeSlopes,
     IterationCost,
     KernelCost,
     OpCost,
+    StepCost,
 )
 from batchsim.cost.elementwise import ElementwisePricing
 from batchsim.cost.gemm import GemmPricing
@@ -302,6 +305,51 @@ class RooflineCostModel:
         rest = self._rest(tokens, int(sampled))
         attn, kv_read = self.attention.group(shape, tokens, self._num_layers, rest.cache_write)
         return self._combine(rest, attn, kv_read)
+
+    def step_cost(self, shape: BatchShape) -> StepCost:
+        """The totals of :meth:`estimate` that the engine logs, for a shape of python ints.
+
+        The same arithmetic in the same order (equal to the last bit), without building the
+        operator groups; the attention kernel's nonlinear time is cached per decode rows and
+        KV blocks and per prefill rows, chunks and context, so a mixed or chunked iteration
+        costs about what a decode-only one does.
+        """
+        tokens = shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens
+        if tokens <= 0:
+            return EMPTY_STEP
+        rest = self._rest(tokens, shape.num_sampled_tokens)
+        att = self.attention
+        L = self._num_layers
+        pad_seqs = shape.num_padding_seqs
+        kv_tokens = shape.kv_read_tokens
+        pairs = shape.attn_pairs
+        kv_read = L * att._kv_elems * att.kv_dtype_bytes * (kv_tokens + tokens)
+        a_bytes = kv_read + L * tokens * att._qo_elems * ACT_BYTES
+        a_time, a_tc, a_tm = att.scalar_layer_time(
+            shape.num_seqs + pad_seqs,
+            shape.num_decode_tokens + pad_seqs,
+            shape.num_prefill_tokens + shape.num_padding_tokens - pad_seqs,
+            kv_tokens,
+            pairs,
+            a_bytes / L,
+        )
+        cw = rest.cache_write
+        return StepCost(
+            rest.time + (L * a_time + cw.time),
+            rest.flops + L * att._flops_pair * pairs,
+            rest.bytes + (a_bytes + cw.bytes),
+            rest.weight_bytes,
+            kv_read + rest.kv_written,
+            (rest.compute_time + L * a_tc) - (rest.memory_time + (L * a_tm + cw.memory_time)),
+        )
+
+    def decode_run_step(self, shape: BatchShape) -> tuple[StepCost, int]:
+        """:meth:`decode_run` with the totals of :meth:`step_cost`."""
+        cost = self.step_cost(shape)
+        n = shape.num_decode_tokens + shape.num_padding_seqs
+        if self.ideal or n <= 0:
+            return cost, 1
+        return cost, decode_steps_in_block(shape.kv_read_tokens, n)
 
     def estimate_decode_stretch(
         self, shape: BatchShape, kv_read_tokens: np.ndarray

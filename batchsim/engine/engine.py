@@ -351,7 +351,7 @@ class Engine:
                 self._left(request, times.end)
 
     def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
-        cost = self.cost_model.estimate(output.shape)
+        cost = self.cost_model.step_cost(output.shape)
         cpu = self.cpu_time(output.num_seqs)
         swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
             self.options.swap_time_per_block

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from batchsim.cost import IterationCost, RooflineCostModel
+from batchsim.cost.costs import StepCost
 from batchsim.metrics.logs import IterationLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
@@ -140,7 +141,7 @@ class StretchRunner:
                 if done == 0
                 else shape.with_decode_context(shape.kv_read_tokens + rows * done)
             )
-            cost, same = self.cost_model.decode_run(at)
+            cost, same = self.cost_model.decode_run_step(at)
             if overlap and done == 0 and not back_to_back:  # nothing to hide the CPU behind
                 same = 1
             duration = engine.duration(cpu, cost.time, overlap and (done > 0 or back_to_back))
@@ -250,13 +251,16 @@ class StretchRunner:
         return cost, durations
 
 
+_NO_DELTAS = (0.0, 0.0, 0.0, 0.0)
+
+
 def run_row(
     start: float,
     steps: int,
     duration: float,
-    cost: IterationCost,
+    cost: StepCost,
     batch: tuple,
-    deltas: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+    deltas: tuple[float, float, float, float] = _NO_DELTAS,
 ) -> tuple:
     """A row of :data:`~batchsim.metrics.logs.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
     iterations of ``duration`` from ``start``, the first costing ``cost``, each next one
@@ -270,7 +274,7 @@ def run_row(
         cost.bytes,
         cost.weight_bytes,
         cost.kv_bytes,
-        cost.compute_time - cost.memory_time,
+        cost.margin,
         *deltas,
         *batch,
     )
