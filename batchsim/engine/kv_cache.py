@@ -217,15 +217,49 @@ class KVCacheManager:
             blocks -= np.where(skipped >= bs, skipped // bs, 0)
             extra = (blocks - held[None, :]).sum(axis=1)
             return (used + extra) / self.num_blocks
-        # Without a window a request with c cached tokens needs
-        # floor((c mod bs + k) / bs) more blocks by step k: count requests by offset.
         counts = [0] * (bs + 1)
         for r in requests:
             counts[r.num_computed_tokens % bs] += 1
-        at_least = list(itertools.accumulate(reversed(counts)))[::-1]  # #{offset >= j}
+        return self.usage_from_counts(counts, num_steps)
+
+    # Without a window a request with c cached tokens needs floor((c mod bs + k) / bs) more
+    # blocks by step k of a stretch: what a stretch needs depends only on how many requests
+    # there are at each offset c mod bs (``counts``, bs + 1 entries, the last one 0).
+    def usage_from_counts(self, counts: list[int], num_steps: int) -> np.ndarray:
+        """:meth:`usage_during_growth` (no window) of requests counted by offset."""
+        bs = self.block_size
+        used = self.num_blocks - self.num_free_blocks
         k = np.arange(num_steps)
-        extra = len(requests) * (k // bs) + np.array(at_least)[bs - k % bs]
+        extra = sum(counts) * (k // bs) + np.array(_at_least(counts))[bs - k % bs]
         return (used + extra) / self.num_blocks
+
+    def growth_from_counts(self, counts: list[int], num_steps: int) -> int:
+        """Blocks that requests counted by offset (no window) take over a stretch of
+        ``num_steps`` decode iterations, beyond the first one's (see :meth:`grow`)."""
+        bs = self.block_size
+        j = num_steps - 1
+        return sum(counts) * (j // bs) + _at_least(counts)[bs - j % bs]
+
+    def max_growth_from_counts(self, counts: list[int], limit: int) -> int:
+        """:meth:`max_growth_steps` (no window) of requests counted by offset."""
+        bs = self.block_size
+        free = self.num_free_blocks
+        n = sum(counts)
+        at_least = _at_least(counts)
+
+        def need(k: int) -> int:
+            return n * ((k - 1) // bs) + at_least[bs - (k - 1) % bs]
+
+        if need(limit) <= free:
+            return limit
+        lo, hi = 1, limit  # need(lo) <= free (step 1 is allocated), need(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     # -------------------------------------------------------------- swapping
     def can_swap_out(self, request: Request) -> bool:
@@ -263,3 +297,8 @@ class KVCacheManager:
         self.num_free_blocks -= need
         request.num_blocks = need
         return moved
+
+
+def _at_least(counts: list[int]) -> list[int]:
+    """``at_least[j]``: how many are counted at offset j or more."""
+    return list(itertools.accumulate(reversed(counts)))[::-1]

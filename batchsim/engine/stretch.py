@@ -74,6 +74,12 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         if kv.can_swap_in(head, head.num_computed_tokens + 1):
             return 1  # the next schedule() may resume it; free blocks only shrink later
     requests = output.requests
+    batch = scheduler.cohort_batch(output)
+    if batch is not None and batch.pure:  # the cohort alone: no look at each request
+        steps = min(batch.cohort.min_remaining(), scheduler.policy_max_repeat(output))
+        if steps <= 1:
+            return max(1, steps)
+        return max(1, kv.max_growth_from_counts(batch.cohort.offset_counts(), steps))
     steps = min(r.max_tokens - r.num_output_tokens for r in requests)
     steps = min(steps, scheduler.policy_max_repeat(output))
     if steps <= 1 or scheduler.reserves_full_sequence:
@@ -162,6 +168,9 @@ class StretchRunner:
         scheduler = self.engine.scheduler
         if scheduler.reserves_full_sequence:
             return scheduler.kv_cache.usage
+        batch = scheduler.cohort_batch(output)
+        if batch is not None and batch.pure:
+            return scheduler.kv_cache.usage_from_counts(batch.cohort.offset_counts(), num_steps)
         return scheduler.kv_cache.usage_during_growth(output.requests, num_steps)
 
     def _run_arrays(

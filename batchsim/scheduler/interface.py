@@ -25,10 +25,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from batchsim.cost import BatchShape
+from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager, num_blocks_for
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
-from batchsim.scheduler.output import SchedulerOutput, StepTimes
+from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
 from batchsim.validation import (
     MAX_BATCH_TOKENS,
     MAX_MS,
@@ -128,6 +129,11 @@ class Scheduler(abc.ABC):
         """True while no further arrival is known (see :meth:`set_end_of_input`)."""
         self._swap_in_blocks = 0  # copied during the current schedule_iteration()
         self._swap_out_blocks = 0
+        self._cohort: Cohort | None = None
+        """The running decodes advanced together (built-in policies that grow KV blocks as
+        they decode, without a sliding window; see :mod:`batchsim.engine.cohort`)."""
+        if window is None and kv_cache.window is None and not self.reserves_full_sequence:
+            self._cohort = Cohort(kv_cache.block_size)
 
     @classmethod
     def check_config(cls, config: SchedulerConfig) -> None:
@@ -222,6 +228,9 @@ class Scheduler(abc.ABC):
         """Apply ``output``'s iterations (``times.num_steps`` of them, more than one only for
         a decode-only output of a policy with :attr:`decode_stretches`); return the requests
         that finished."""
+        batch = self.cohort_batch(output)
+        if batch is not None:
+            return self._apply_batch(output, batch, times)
         finished: list[Request] = []
         first, end = times.first_iteration, times.end
         num_steps = times.num_steps
@@ -255,13 +264,16 @@ class Scheduler(abc.ABC):
                 if request.num_output_tokens >= request.max_tokens:
                     assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     finished.append(request)
+        self._finish(finished, end)
+        return finished
+
+    def _finish(self, finished: list[Request], end: float) -> None:
         for request in finished:
             request.status = RequestStatus.FINISHED
             request.finish_time = end
             self.kv_cache.free(request)
             self.running.remove(request)
             self.on_request_left(request)
-        return finished
 
     def on_request_left(self, request: Request) -> None:
         """Hook: ``request`` finished or was cancelled (request-level policies track slots)."""
@@ -423,3 +435,208 @@ class Scheduler(abc.ABC):
             token_budget -= q
             i += 1
         return requests, tokens, token_budget
+
+    # ------------------------------------------------- the cohort (built-in policies only)
+    # The built-in continuous and chunked-prefill policies schedule their running requests
+    # with _schedule_running_batch() and build the iteration with _batch_output(): the same
+    # iteration as schedule_running() and make_output() would, with the cohort's members
+    # handled as one (constant work per iteration however many they are). Whatever those
+    # cannot decide without looking at every request (a preemption, a budget that ends
+    # among the members) goes the general way.
+    def cohort_batch(self, output: SchedulerOutput) -> CohortBatch | None:
+        """How ``output`` was built around the cohort, while that still holds (else None)."""
+        batch = output.batch
+        if batch is None or batch.version != batch.cohort.version or not batch.cohort.ahead:
+            return None
+        return batch
+
+    def _promote(self, cohort: Cohort) -> list[tuple[int, Request]]:
+        """Let the running decodes outside the cohort join it; return (position, request)
+        of the running requests still outside."""
+        loose: list[tuple[int, Request]] = []
+        for i, request in enumerate(self.running):
+            if request._group is cohort:
+                continue
+            if cohort.can_join(request):
+                cohort.join(request)
+            else:
+                loose.append((i, request))
+        return loose
+
+    def _schedule_running_batch(
+        self, token_budget: int, preempted: list[Request]
+    ) -> tuple[list[Request], list[int], int, CohortBatch | None]:
+        """:meth:`schedule_running`, and how the iteration is built around the cohort (None:
+        built the general way)."""
+        cohort = self._cohort
+        running = self.running
+        n = len(running)
+        if cohort is not None and n and token_budget > 0:
+            loose = self._promote(cohort) if cohort.n != n else []
+            scheduled = self._schedule_around(cohort, loose, token_budget) if cohort.n else None
+            if scheduled is not None:
+                cut, chunks, left = scheduled
+                tokens = [1] * cut
+                for i, _, q in chunks:
+                    tokens[i] = q
+                batch = CohortBatch(cohort, cohort.version, cohort.n, chunks, cut)
+                return running[:cut], tokens, left, batch
+        return (*self.schedule_running(token_budget, preempted), None)
+
+    def _schedule_around(
+        self, cohort: Cohort, loose: list[tuple[int, Request]], token_budget: int
+    ) -> tuple[int, list[tuple[int, Request, int]], int] | None:
+        """Schedule the running requests as :meth:`schedule_running` would when that needs
+        no preemption and takes every cohort member: return (how many running requests,
+        from the front, are scheduled; (position, request, tokens) of those outside the
+        cohort; budget left), having taken their KV blocks. None (nothing changed) if it
+        would preempt or leave a member out."""
+        kv = self.kv_cache
+        bs = kv.block_size
+        n = len(self.running)
+        need = 0 if cohort.ahead else cohort.crossing()
+        left = token_budget
+        chunks: list[tuple[int, Request, int]] = []
+        cut = n
+        prev = 0  # first position after the last request outside the cohort
+        for i, request in loose:
+            members = i - prev  # one token each
+            if members >= left:  # the budget ends among them (or right after them)
+                if members > left:
+                    return None
+                cut = i
+                left = 0
+                break
+            left -= members
+            computed = request._computed
+            q = request.num_prompt_tokens + request._outputs - computed
+            if q > left:
+                q = left
+            extra = -(-(computed + q) // bs) - request._blocks
+            if extra > 0:
+                need += extra
+            chunks.append((i, request, q))
+            left -= q
+            prev = i + 1
+            if left <= 0:
+                cut = prev
+                break
+        else:
+            members = n - prev
+            if members > left:
+                return None
+            left -= members
+        if cut < n and n - cut > sum(1 for i, _ in loose if i >= cut):
+            return None  # a member after the cut would not run
+        if need > kv.num_free_blocks:
+            return None  # schedule_running() would preempt
+        for _, request, q in chunks:
+            total = request._computed + q
+            if -(-total // bs) > request._blocks:
+                allocated = kv.allocate(request, total)
+                assert allocated, "the blocks were counted above"
+        if not cohort.ahead:
+            kv.num_free_blocks -= cohort.crossing()
+            cohort.ahead = 1
+        return cut, chunks, left
+
+    def _batch_output(
+        self,
+        requests: list[Request],
+        tokens: list[int],
+        preempted: list[Request],
+        batch: CohortBatch | None,
+    ) -> SchedulerOutput:
+        """:meth:`make_output` of an iteration built by :meth:`_schedule_running_batch` (and
+        requests added after the running ones)."""
+        if batch is None:
+            return self.make_output(requests, tokens, preempted=preempted)
+        members = batch.members
+        kv_read = batch.cohort.context_tokens()
+        decodes = num_decode = sampled = members
+        pairs = kv_read + members
+        prefill = 0
+        others = batch.loose
+        if len(requests) > batch.tail:
+            others = others + [
+                (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
+            ]
+        for _, request, q in others:
+            computed = request.num_computed_tokens
+            outputs = request.num_output_tokens
+            left = request.num_prompt_tokens + outputs - computed
+            if left == 1 and outputs > 0:
+                decodes += q
+                num_decode += 1
+            else:
+                prefill += q
+            sampled += q == left
+            kv_read += computed
+            pairs += q * computed + q * (q + 1) // 2
+        n = len(requests)
+        shape = BatchShape(n, prefill, decodes, 0, sampled, kv_read, pairs, 0)
+        return SchedulerOutput(
+            requests,
+            tokens,
+            shape,
+            num_prefill_seqs=n - num_decode,
+            num_decode_seqs=num_decode,
+            num_slots=n,
+            num_output_tokens=sampled,
+            preempted=preempted,
+            batch=batch,
+        )
+
+    def _apply_batch(
+        self, output: SchedulerOutput, batch: CohortBatch, times: StepTimes
+    ) -> list[Request]:
+        """:meth:`update_from_output` of an iteration built around the cohort."""
+        cohort = batch.cohort
+        kv = self.kv_cache
+        num_steps, first, end = times.num_steps, times.first_iteration, times.end
+        if num_steps > 1:
+            kv.num_free_blocks -= kv.growth_from_counts(cohort.offset_counts(), num_steps)
+        cohort.tick(first, num_steps)
+        requests = output.requests
+        others = batch.loose
+        if len(requests) > batch.tail:
+            tokens = output.num_scheduled_tokens
+            others = others + [
+                (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
+            ]
+        done: list[tuple[int, Request]] = []
+        if num_steps == 1:
+            for i, request, num_new in others:
+                if request.status != RequestStatus.RUNNING:
+                    continue
+                if request.first_scheduled_time != request.first_scheduled_time:  # NaN
+                    request.first_scheduled_time = times.start
+                request.num_computed_tokens += num_new
+                if request.num_remaining_tokens > 0:
+                    continue  # a non-final prompt chunk samples nothing
+                request.record_tokens(first, 1, end)
+                if request.num_output_tokens >= request.max_tokens:
+                    done.append((i, request))
+        elif others:  # decodes outside the cohort in a stretch
+            kv.grow([r for _, r, _ in others], num_steps)
+            for i, request, _ in others:
+                request.num_computed_tokens += num_steps
+                request.record_tokens(first, num_steps, end)
+                if request.num_output_tokens >= request.max_tokens:
+                    assert request.num_output_tokens == request.max_tokens, "stretch overshot"
+                    done.append((i, request))
+        members = cohort.pop_finished()
+        if members:
+            if len(members) > 8:
+                where = {id(r): i for i, r in enumerate(requests)}
+                done += [(where[id(r)], r) for r in members]
+            else:
+                done += [(requests.index(r), r) for r in members]
+            for r in members:
+                cohort.detach(r)
+        if not done:
+            return []
+        done.sort(key=lambda item: item[0])
+        finished = [r for _, r in done]
+        self._finish(finished, end)
+        return finished
