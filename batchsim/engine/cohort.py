@@ -19,7 +19,7 @@ at least one sampled), not finished, and holding exactly the blocks of its compu
 :meth:`~batchsim.scheduler.Scheduler.schedule` that took the blocks of every member's next
 token and the update that computes it). Only used without a sliding window.
 
-This module imports only :mod:`batchsim.engine.request`.
+This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.engine.kv_cache`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 
+from batchsim.engine.kv_cache import at_least_offsets
 from batchsim.engine.request import Request
 
 _COMPACT_MIN = 256
@@ -55,6 +56,8 @@ class Cohort:
         "_compact_at",
         "_heap",
         "_members",
+        "_offsets",
+        "_offsets_key",
         "_run_iterations",
         "_run_ticks",
         "_tickets",
@@ -83,6 +86,8 @@ class Cohort:
         self._run_ticks: list[int] = []  # first tick of each run of consecutive iterations
         self._run_iterations: list[int] = []  # and its iteration
         self._compact_at = _COMPACT_MIN
+        self._offsets: list[int] = []
+        self._offsets_key = (-1, -1)
 
     # ------------------------------------------------------------------ membership
     def can_join(self, r: Request) -> bool:
@@ -168,14 +173,19 @@ class Cohort:
         """Members whose next token starts a new KV block."""
         return self.residues[-self.steps % self.block_size]
 
-    def offset_counts(self) -> list[int]:
-        """Members by ``num_computed_tokens mod block_size``, with a trailing 0 (the form
-        :meth:`~batchsim.engine.kv_cache.KVCacheManager.usage_from_counts` takes)."""
-        shift = self.steps % self.block_size
-        residues = self.residues
-        if shift:
-            residues = residues[-shift:] + residues[:-shift]
-        return [*residues, 0]
+    def offsets(self) -> list[int]:
+        """``at_least[j]``: members with ``num_computed_tokens mod block_size`` >= j, for j in
+        0..block_size (the form :meth:`~batchsim.engine.kv_cache.KVCacheManager.
+        usage_from_offsets` takes)."""
+        key = (self.version, self.steps)
+        if self._offsets_key != key:
+            shift = self.steps % self.block_size
+            residues = self.residues
+            if shift:
+                residues = residues[-shift:] + residues[:-shift]
+            self._offsets = at_least_offsets([*residues, 0])
+            self._offsets_key = key
+        return self._offsets
 
     def min_remaining(self) -> int:
         """The fewest output tokens any member has left."""

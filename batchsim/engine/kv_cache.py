@@ -20,6 +20,9 @@ import numpy as np
 from batchsim.engine.request import Request
 from batchsim.errors import ConfigError
 
+_SHORT_STRETCH = 32
+"""Stretches up to this many steps get their KV usage from a list (fewer numpy calls)."""
+
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks needed to hold ``num_tokens`` tokens."""
@@ -220,32 +223,38 @@ class KVCacheManager:
         counts = [0] * (bs + 1)
         for r in requests:
             counts[r.num_computed_tokens % bs] += 1
-        return self.usage_from_counts(counts, num_steps)
+        return self.usage_from_offsets(at_least_offsets(counts), num_steps)
 
     # Without a window a request with c cached tokens needs floor((c mod bs + k) / bs) more
     # blocks by step k of a stretch: what a stretch needs depends only on how many requests
-    # there are at each offset c mod bs (``counts``, bs + 1 entries, the last one 0).
-    def usage_from_counts(self, counts: list[int], num_steps: int) -> np.ndarray:
+    # there are at each offset c mod bs, given as ``at_least[j]``, the requests at offset j
+    # or more (bs + 1 entries: at_least[0] counts them all, at_least[bs] is 0).
+    def usage_from_offsets(self, at_least: list[int], num_steps: int) -> np.ndarray:
         """:meth:`usage_during_growth` (no window) of requests counted by offset."""
         bs = self.block_size
         used = self.num_blocks - self.num_free_blocks
+        total = self.num_blocks
+        n = at_least[0]
+        if num_steps <= _SHORT_STRETCH:  # a few numpy calls would cost more
+            return np.array(
+                [(used + n * (k // bs) + at_least[bs - k % bs]) / total for k in range(num_steps)]
+            )
         k = np.arange(num_steps)
-        extra = sum(counts) * (k // bs) + np.array(_at_least(counts))[bs - k % bs]
-        return (used + extra) / self.num_blocks
+        extra = n * (k // bs) + np.array(at_least)[bs - k % bs]
+        return (used + extra) / total
 
-    def growth_from_counts(self, counts: list[int], num_steps: int) -> int:
+    def growth_from_offsets(self, at_least: list[int], num_steps: int) -> int:
         """Blocks that requests counted by offset (no window) take over a stretch of
         ``num_steps`` decode iterations, beyond the first one's (see :meth:`grow`)."""
         bs = self.block_size
         j = num_steps - 1
-        return sum(counts) * (j // bs) + _at_least(counts)[bs - j % bs]
+        return at_least[0] * (j // bs) + at_least[bs - j % bs]
 
-    def max_growth_from_counts(self, counts: list[int], limit: int) -> int:
+    def max_growth_from_offsets(self, at_least: list[int], limit: int) -> int:
         """:meth:`max_growth_steps` (no window) of requests counted by offset."""
         bs = self.block_size
         free = self.num_free_blocks
-        n = sum(counts)
-        at_least = _at_least(counts)
+        n = at_least[0]
 
         def need(k: int) -> int:
             return n * ((k - 1) // bs) + at_least[bs - (k - 1) % bs]
@@ -299,6 +308,7 @@ class KVCacheManager:
         return moved
 
 
-def _at_least(counts: list[int]) -> list[int]:
-    """``at_least[j]``: how many are counted at offset j or more."""
+def at_least_offsets(counts: list[int]) -> list[int]:
+    """From ``counts[j]`` (how many requests are at offset j, bs + 1 entries, the last one 0)
+    to ``at_least[j]`` (how many are at offset j or more)."""
     return list(itertools.accumulate(reversed(counts)))[::-1]

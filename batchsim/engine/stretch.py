@@ -79,7 +79,7 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         steps = min(batch.cohort.min_remaining(), scheduler.policy_max_repeat(output))
         if steps <= 1:
             return max(1, steps)
-        return max(1, kv.max_growth_from_counts(batch.cohort.offset_counts(), steps))
+        return max(1, kv.max_growth_from_offsets(batch.cohort.offsets(), steps))
     steps = min(r.max_tokens - r.num_output_tokens for r in requests)
     steps = min(steps, scheduler.policy_max_repeat(output))
     if steps <= 1 or scheduler.reserves_full_sequence:
@@ -170,7 +170,7 @@ class StretchRunner:
             return scheduler.kv_cache.usage
         batch = scheduler.cohort_batch(output)
         if batch is not None and batch.pure:
-            return scheduler.kv_cache.usage_from_counts(batch.cohort.offset_counts(), num_steps)
+            return scheduler.kv_cache.usage_from_offsets(batch.cohort.offsets(), num_steps)
         return scheduler.kv_cache.usage_during_growth(output.requests, num_steps)
 
     def _run_arrays(

@@ -595,7 +595,7 @@ class Scheduler(abc.ABC):
         kv = self.kv_cache
         num_steps, first, end = times.num_steps, times.first_iteration, times.end
         if num_steps > 1:
-            kv.num_free_blocks -= kv.growth_from_counts(cohort.offset_counts(), num_steps)
+            kv.num_free_blocks -= kv.growth_from_offsets(cohort.offsets(), num_steps)
         cohort.tick(first, num_steps)
         requests = output.requests
         others = batch.loose
