@@ -180,6 +180,7 @@ class RooflineCostModel:
         self._cache_t: dict[int, _TokenGroups] = {}
         self._cache_s: dict[int, OpCost] = {}
         self._rest_cache: dict[tuple[int, int], _Rest] = {}
+        self._totals_cache: dict[tuple[int, int], tuple[float, ...]] = {}
 
     # ----------------------------------------------------------------- groups of an iteration
     def _token_groups(self, tokens: int) -> _TokenGroups:
@@ -273,6 +274,48 @@ class RooflineCostModel:
             self._rest_cache[key] = rest
         return rest
 
+    def _rest_totals(self, tokens: int, sampled: int) -> tuple[float, ...]:
+        """The sums of :meth:`_rest` alone (cached per tokens and sampled rows, built from the
+        groups cached per tokens and the lm_head cached per sampled rows): time, FLOPs,
+        bytes, compute time, memory time, weight bytes, KV bytes written, and the KV-cache
+        write's time, bytes and memory time."""
+        key = (tokens, sampled)
+        cached = self._totals_cache.get(key)
+        if cached is not None:
+            return cached
+        groups = self._token_groups(tokens)
+        qkv, o, mlp, ew = groups.qkv, groups.o, groups.mlp, groups.elementwise
+        lm = self._lm_head_op(sampled) if sampled > 0 else ZERO_OP
+        cw = groups.cache_write
+        # the same sums as _rest, in the same order
+        totals = (
+            0
+            + qkv.time
+            + o.time
+            + mlp.time
+            + ew.time
+            + lm.time
+            + groups.all_reduce.time
+            + self._overhead.time,
+            0 + qkv.flops + o.flops + mlp.flops + ew.flops + lm.flops,
+            0 + qkv.bytes + o.bytes + mlp.bytes + ew.bytes + lm.bytes,
+            0
+            + qkv.compute_time
+            + o.compute_time
+            + mlp.compute_time
+            + ew.compute_time
+            + lm.compute_time,
+            0 + qkv.memory_time + o.memory_time + mlp.memory_time + ew.memory_time + lm.memory_time,
+            groups.weight_bytes + (self._lm_weight if sampled > 0 else 0.0),
+            groups.kv_written,
+            cw.time,
+            cw.bytes,
+            cw.memory_time,
+        )
+        if len(self._totals_cache) < _CACHE_LIMIT:
+            self._totals_cache[key] = totals
+        return totals
+
     @staticmethod
     def _combine(rest: _Rest, attn: OpCost, kv_read: Any) -> IterationCost:
         """An iteration's cost from its attention group and the rest."""
@@ -317,7 +360,9 @@ class RooflineCostModel:
         tokens = shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens
         if tokens <= 0:
             return EMPTY_STEP
-        rest = self._rest(tokens, shape.num_sampled_tokens)
+        r_time, r_flops, r_bytes, r_tc, r_tm, r_weight, r_written, cw_time, cw_bytes, cw_tm = (
+            self._rest_totals(tokens, shape.num_sampled_tokens)
+        )
         att = self.attention
         L = self._num_layers
         pad_seqs = shape.num_padding_seqs
@@ -333,14 +378,13 @@ class RooflineCostModel:
             pairs,
             a_bytes / L,
         )
-        cw = rest.cache_write
         return StepCost(
-            rest.time + (L * a_time + cw.time),
-            rest.flops + L * att._flops_pair * pairs,
-            rest.bytes + (a_bytes + cw.bytes),
-            rest.weight_bytes,
-            kv_read + rest.kv_written,
-            (rest.compute_time + L * a_tc) - (rest.memory_time + (L * a_tm + cw.memory_time)),
+            r_time + (L * a_time + cw_time),
+            r_flops + L * att._flops_pair * pairs,
+            r_bytes + (a_bytes + cw_bytes),
+            r_weight,
+            kv_read + r_written,
+            (r_tc + L * a_tc) - (r_tm + (L * a_tm + cw_tm)),
         )
 
     def decode_run_step(self, shape: BatchShape) -> tuple[StepCost, int]:

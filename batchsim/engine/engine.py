@@ -109,15 +109,18 @@ class ArrivalSource:
             for user in range(min(table.concurrency, self.num_total)):
                 self._heap.append((0.0, user, user))
             self.next_index = len(self._heap)
-        else:
+        self._next = math.inf  # open loop: the next arrival time
+        if not self.closed_loop:
             self._arrivals = table.arrival_time
+            self._next = self._arrival(0)
+
+    def _arrival(self, index: int) -> float:
+        return float(self._arrivals[index]) if index < self.num_total else math.inf
 
     def next_time(self) -> float:
         if self.closed_loop:
             return self._heap[0][0] if self._heap else math.inf
-        if self.next_index < self.num_total:
-            return float(self._arrivals[self.next_index])
-        return math.inf
+        return self._next
 
     def exhausted(self) -> bool:
         """No further arrival is known (closed loop: every user is waiting on the engine)."""
@@ -131,6 +134,8 @@ class ArrivalSource:
                 time, index, user = heapq.heappop(self._heap)
                 out.append(self._make(index, time, user))
             return out
+        if self._next > now:
+            return out
         arrivals = self._arrivals
         n = self.num_total
         i = self.next_index
@@ -138,6 +143,7 @@ class ArrivalSource:
             out.append(self._make(i, float(arrivals[i]), -1))
             i += 1
         self.next_index = i
+        self._next = self._arrival(i)
         return out
 
     def on_left(self, request: Request, now: float) -> None:

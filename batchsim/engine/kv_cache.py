@@ -20,9 +20,6 @@ import numpy as np
 from batchsim.engine.request import Request
 from batchsim.errors import ConfigError
 
-_SHORT_STRETCH = 32
-"""Stretches up to this many steps get their KV usage from a list (fewer numpy calls)."""
-
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks needed to hold ``num_tokens`` tokens."""
@@ -229,19 +226,19 @@ class KVCacheManager:
     # blocks by step k of a stretch: what a stretch needs depends only on how many requests
     # there are at each offset c mod bs, given as ``at_least[j]``, the requests at offset j
     # or more (bs + 1 entries: at_least[0] counts them all, at_least[bs] is 0).
-    def usage_from_offsets(self, at_least: list[int], num_steps: int) -> np.ndarray:
+    def usage_from_offsets(self, at_least: list[int], num_steps: int) -> Any:
         """:meth:`usage_during_growth` (no window) of requests counted by offset."""
         bs = self.block_size
         used = self.num_blocks - self.num_free_blocks
         total = self.num_blocks
-        n = at_least[0]
-        if num_steps <= _SHORT_STRETCH:  # a few numpy calls would cost more
-            return np.array(
-                [(used + n * (k // bs) + at_least[bs - k % bs]) / total for k in range(num_steps)]
-            )
-        k = np.arange(num_steps)
-        extra = n * (k // bs) + np.array(at_least)[bs - k % bs]
-        return (used + extra) / total
+        if num_steps <= bs:  # step k < bs takes the blocks of the requests at bs - k or more
+            if not at_least[bs + 1 - num_steps]:
+                return used / total  # none of them starts a block
+            return (used + np.array(at_least[bs + 1 - num_steps :][::-1])) / total
+        # step k = q bs + j takes n q blocks and those of the requests at bs - j or more
+        rounds = -(-num_steps // bs)
+        extra = (np.arange(rounds) * at_least[0])[:, None] + np.array(at_least[:0:-1])
+        return (used + extra.ravel()[:num_steps]) / total
 
     def growth_from_offsets(self, at_least: list[int], num_steps: int) -> int:
         """Blocks that requests counted by offset (no window) take over a stretch of

@@ -110,6 +110,7 @@ class StretchRunner:
             slopes.kv_bytes,
             slopes.compute_time - slopes.memory_time,
         )
+        self._deltas: dict[int, tuple[float, float, float, float]] = {}  # per decode rows
 
     def run(self, output: SchedulerOutput, now: float, num_steps: int, event: float) -> StepTimes:
         """Run up to ``num_steps`` iterations of the decode-only ``output`` from ``now``;
@@ -132,12 +133,15 @@ class StretchRunner:
         """Steps priced as runs of equal time (contexts that no window caps)."""
         engine = self.engine
         shape = output.shape
-        rows = shape.num_decode_rows
-        cpu = engine.cpu_time(output.num_seqs)
+        rows = shape.num_decode_tokens + shape.num_padding_seqs
+        cpu = engine.cpu_time(len(output.requests))
         batch = engine.batch_row(output, cpu)
         overlap = engine.options.async_scheduling
         back_to_back = engine.back_to_back(now)
-        deltas = tuple(rows * slope for slope in self._slopes)
+        deltas = self._deltas.get(rows)
+        if deltas is None:
+            deltas = self._deltas[rows] = tuple(rows * slope for slope in self._slopes)
+        price = self.cost_model.decode_run_step
         runs: list[tuple] = []
         start = now
         done = 0
@@ -147,11 +151,17 @@ class StretchRunner:
                 if done == 0
                 else shape.with_decode_context(shape.kv_read_tokens + rows * done)
             )
-            cost, same = self.cost_model.decode_run_step(at)
-            if overlap and done == 0 and not back_to_back:  # nothing to hide the CPU behind
-                same = 1
-            duration = engine.duration(cpu, cost.time, overlap and (done > 0 or back_to_back))
-            steps = min(same, num_steps - done)
+            cost, same = price(at)
+            gpu = cost.time
+            if overlap and (done or back_to_back):  # the CPU work hides behind the GPU
+                duration = cpu if cpu > gpu else gpu
+            else:
+                duration = cpu + gpu
+                if overlap:  # nothing to hide the CPU behind at the first step
+                    same = 1
+            steps = num_steps - done
+            if same < steps:
+                steps = same
             cut = start + duration * steps >= event
             if cut:
                 steps = _steps_until(start, duration, event, steps)
@@ -274,16 +284,17 @@ def run_row(
     """A row of :data:`~batchsim.metrics.logs.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
     iterations of ``duration`` from ``start``, the first costing ``cost``, each next one
     adding ``deltas`` (FLOPs, bytes, KV bytes, bound margin)."""
+    time, flops, nbytes, weight_bytes, kv_bytes, margin = cost
     return (
         start,
         steps,
         duration,
-        cost.time * 1e3,
-        cost.flops,
-        cost.bytes,
-        cost.weight_bytes,
-        cost.kv_bytes,
-        cost.margin,
+        time * 1e3,
+        flops,
+        nbytes,
+        weight_bytes,
+        kv_bytes,
+        margin,
         *deltas,
         *batch,
     )

@@ -76,7 +76,7 @@ class ContinuousScheduler(Scheduler):
                 prefill_tokens: list[int] = []
                 self._admit_prefills(budget, len(self.running), prefills, prefill_tokens)
                 if prefills:
-                    return self.make_output(prefills, prefill_tokens)
+                    return self._batch_output(prefills, prefill_tokens, preempted, None)
             requests, tokens, left, batch = self._schedule_running_batch(budget, preempted)
             if not preempted and self.swapped:
                 self.schedule_swapped(left, requests, tokens)

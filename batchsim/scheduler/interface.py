@@ -548,19 +548,23 @@ class Scheduler(abc.ABC):
         batch: CohortBatch | None,
     ) -> SchedulerOutput:
         """:meth:`make_output` of an iteration built by :meth:`_schedule_running_batch` (and
-        requests added after the running ones)."""
+        requests added after the running ones), or of any requests (``batch`` None)."""
         if batch is None:
-            return self.make_output(requests, tokens, preempted=preempted)
-        members = batch.members
-        kv_read = batch.cohort.context_tokens()
+            if self.window is not None:
+                return self.make_output(requests, tokens, preempted=preempted)
+            members = kv_read = 0
+            others = list(zip(range(len(requests)), requests, tokens))
+        else:
+            members = batch.members
+            kv_read = batch.cohort.context_tokens()
+            others = batch.loose
+            if len(requests) > batch.tail:
+                others = others + [
+                    (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
+                ]
         decodes = num_decode = sampled = members
         pairs = kv_read + members
         prefill = 0
-        others = batch.loose
-        if len(requests) > batch.tail:
-            others = others + [
-                (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
-            ]
         for _, request, q in others:
             computed = request.num_computed_tokens
             outputs = request.num_output_tokens
