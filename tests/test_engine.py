@@ -371,6 +371,34 @@ def test_fast_forward_is_exact_with_swap_preemption(policy, mix):
     assert_same_run(fast, slow)
 
 
+@pytest.mark.parametrize(
+    ("engine", "output", "cancel"),
+    [
+        ({}, uniform(1, 300), False),
+        ({"async_scheduling": True}, uniform(1, 300), True),
+        ({"num_gpu_blocks": 160}, uniform(1, 300), False),  # chunks cut short of KV blocks
+        ({"num_gpu_blocks": 160, "swap_space_gib": 0.3}, uniform(1, 40), False),
+    ],
+)
+def test_fast_forward_is_exact_over_a_long_prompts_chunks(engine, output, cancel):
+    # Chunked prefill of prompts many budgets long, next to running decodes: the chunks of
+    # one prompt repeat (each as long, further along the prompt) and are advanced in one
+    # step, the first one (its admission) and, when nothing else could take its leftover
+    # budget, the last one included. Every iteration and request must be the same as
+    # stepping one at a time, through arrivals, cancellations, finishes and preemptions.
+    extra = {"cancel_after_ms": uniform(300, 4000)} if cancel else {}
+    workload = poisson(60, 6.0, uniform(200, 2500), output, **extra)
+    scheduler = {"policy": "chunked_prefill", "max_num_seqs": 16, "max_num_batched_tokens": 256}
+    if "swap_space_gib" in engine:
+        scheduler["preemption_mode"] = "swap"
+    runner = StretchRunner._run_chunks
+    with mock.patch.object(StretchRunner, "_run_chunks", autospec=True, side_effect=runner) as m:
+        fast = sim(experiment(workload, scheduler, engine))
+    slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
+    assert m.call_count > 10  # stretches of chunks ran
+    assert_same_run(fast, slow)
+
+
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_fast_forward_is_exact_when_a_sliding_window_caps_the_context(policy):
     # Mistral-7B attends to the last 4096 tokens: decode stretches that grow past the window

@@ -331,6 +331,8 @@ class Engine:
                 continue
             idle_wakeups = 0
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
+            if num_steps > 1 and output.num_prefill_seqs and self.slot_log is not None:
+                num_steps = 1  # the slots of a prompt's chunks are recorded one by one
             if num_steps > 1:
                 times = self.stretch.run(output, now, num_steps, self._next_event_time(now))
             else:

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from batchsim.cost import IterationCost, RooflineCostModel
+from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
 from batchsim.cost.costs import StepCost
 from batchsim.metrics.logs import IterationLog
-from batchsim.scheduler.interface import Scheduler
+from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     policy (:meth:`~Scheduler.policy_max_repeat`). 1 for anything but pure decode and for an
     iteration that preempted or swapped. External events are the engine's to cut.
     """
+    if output.num_prefill_seqs == 1 and not output.has_side_work:
+        return prompt_chunk_repeat(scheduler, output)
     if not output.is_decode_only or output.num_prefill_seqs or output.has_side_work:
         return 1  # preemptions and swaps belong to one iteration
     kv = scheduler.kv_cache
@@ -96,6 +98,34 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     return max(1, steps)
 
 
+def prompt_chunks_allowed(policy: type[Scheduler]) -> bool:
+    """Whether ``policy`` fast-forwards prompt chunks: its ``schedule`` is defined by the
+    class that defines :meth:`~Scheduler.prompt_chunk_repeat` (a subclass that overrides
+    ``schedule()`` does not inherit it)."""
+    allowed = _CHUNKS_ALLOWED.get(policy)
+    if allowed is None:
+        allowed = False
+        for klass in policy.__mro__:
+            if "schedule" in klass.__dict__:
+                allowed = "prompt_chunk_repeat" in klass.__dict__
+                break
+        _CHUNKS_ALLOWED[policy] = allowed
+    return allowed
+
+
+_CHUNKS_ALLOWED: dict[type, bool] = {}
+
+
+def prompt_chunk_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
+    """How many consecutive iterations would run exactly this iteration of decodes and one
+    non-final prompt chunk, each decode one token further and the chunk as long, further
+    along its prompt (:meth:`~Scheduler.prompt_chunk_repeat`; 1 for a policy that does not
+    promise it with its ``schedule()``)."""
+    if not prompt_chunks_allowed(type(scheduler)):
+        return 1
+    return max(1, scheduler.prompt_chunk_repeat(output))
+
+
 class StretchRunner:
     """Prices and logs decode stretches for an :class:`~batchsim.engine.engine.Engine`."""
 
@@ -117,6 +147,9 @@ class StretchRunner:
         stop at the first one that ends at or after the external ``event`` time."""
         engine = self.engine
         first = self.log.num_rows
+        if output.num_prefill_seqs:
+            done, end = self._run_chunks(output, now, num_steps, event)
+            return StepTimes(first, now, end, done)
         window = engine.scheduler.window
         if self.cost_model.ideal or (
             window is not None
@@ -171,6 +204,93 @@ class StretchRunner:
             if cut:
                 break
         self.log.add_runs(runs, self._usage(output, done))
+        return done, start
+
+    def _run_chunks(
+        self, output: SchedulerOutput, now: float, num_steps: int, event: float
+    ) -> tuple[int, float]:
+        """Iterations of the cohort's decodes and one prompt's chunks of q tokens (the last
+        one maybe shorter): each step reads one more cached token per decode and q more for
+        the chunk, whose pairs grow by q x q; each is priced on its own, as stepping would."""
+        engine = self.engine
+        scheduler = engine.scheduler
+        batch = scheduler.cohort_batch(output)
+        chunk = None if batch is None else prompt_chunk_of(output, batch)
+        assert batch is not None and chunk is not None, "not a stretch of prompt chunks"
+        request, q = chunk
+        remaining = request.num_remaining_tokens
+        full = -(-remaining // q) - 1  # steps with a whole chunk
+        shape = output.shape
+        decodes = shape.num_decode_tokens
+        computed = request.num_computed_tokens
+        cpu = engine.cpu_time(len(output.requests))
+        row = engine.batch_row(output, cpu)
+        overlap = engine.options.async_scheduling
+        back_to_back = engine.back_to_back(now)
+        step_cost = self.cost_model.step_cost
+        kv_step, pairs_step = decodes + q, decodes + q * q
+        member_pairs = shape.attn_pairs - (q * computed + q * (q + 1) // 2)
+        runs: list[tuple] = []
+        start = now
+        done = 0
+        while done < num_steps:
+            at = shape
+            if done == full:  # the prompt's last chunk: shorter, and it samples
+                last = remaining - full * q
+                context = computed + full * q
+                at = BatchShape(
+                    shape.num_seqs,
+                    last,
+                    decodes,
+                    0,
+                    shape.num_sampled_tokens + 1,
+                    shape.kv_read_tokens + full * kv_step,
+                    member_pairs + full * decodes + last * context + last * (last + 1) // 2,
+                )
+                tokens = list(output.num_scheduled_tokens)
+                tokens[-1] = last
+                final = SchedulerOutput(
+                    output.requests,
+                    tokens,
+                    at,
+                    num_prefill_seqs=1,
+                    num_decode_seqs=output.num_decode_seqs,
+                    num_slots=output.num_slots,
+                    num_output_tokens=output.num_output_tokens + 1,
+                )
+                row = engine.batch_row(final, cpu)
+            elif done:
+                at = BatchShape(
+                    shape.num_seqs,
+                    q,
+                    decodes,
+                    0,
+                    shape.num_sampled_tokens,
+                    shape.kv_read_tokens + done * kv_step,
+                    shape.attn_pairs + done * pairs_step,
+                )
+            cost = step_cost(at)
+            gpu = cost.time
+            if overlap and (done or back_to_back):
+                duration = cpu if cpu > gpu else gpu
+            else:
+                duration = cpu + gpu
+            runs.append(run_row(start, 1, duration, cost, row))
+            start = start + duration
+            done += 1
+            if start >= event:
+                break
+        # KV usage at each step: the cohort's growth and the chunks' blocks
+        kv = scheduler.kv_cache
+        offsets = batch.cohort.offsets()
+        used = kv.num_blocks - kv.num_free_blocks
+        held, bs = request.num_blocks, kv.block_size
+        usage = []
+        for k in range(1, done + 1):
+            blocks = -(-(computed + (k * q if k <= full else remaining)) // bs) - held
+            extra = kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
+            usage.append((used + extra) / kv.num_blocks)
+        self.log.add_runs(runs, np.array(usage))
         return done, start
 
     def _usage(self, output: SchedulerOutput, num_steps: int) -> Any:

@@ -40,6 +40,11 @@ class ChunkedPrefillScheduler(Scheduler):
                 budget -= q
         return self._batch_output(requests, tokens, preempted, batch)
 
+    def prompt_chunk_repeat(self, output: SchedulerOutput) -> int:
+        # A non-final chunk takes what the decodes leave of the budget: the next iteration
+        # admits and resumes nothing, and its chunk is as long while the prompt lasts.
+        return self._chunk_stretch_limit(output)
+
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
         # A waiting request that could be admitted would change the next iteration (free
         # blocks never grow during a stretch, so checking now is enough).

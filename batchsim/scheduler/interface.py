@@ -450,6 +450,57 @@ class Scheduler(abc.ABC):
             return None
         return batch
 
+    def prompt_chunk_repeat(self, output: SchedulerOutput) -> int:
+        """For a policy whose :meth:`schedule` is defined next to this method: how many
+        consecutive iterations would run ``output`` again, each decode one token further and
+        its one prompt chunk as long, further along the prompt (1: none; see
+        :mod:`batchsim.engine.stretch`)."""
+        return 1
+
+    def _chunk_stretch_limit(self, output: SchedulerOutput) -> int:
+        """How many consecutive iterations would repeat ``output`` when it is the cohort and,
+        after it, one request's non-final prompt chunk taking the rest of the token budget.
+        No budget is left, so nothing is admitted or resumed: the next iterations are the
+        same, each chunk as long, up to the prompt's last chunk (included when nothing waits,
+        is swapped out or runs unscheduled, so that its leftover budget has no taker), the first
+        member's last token, or KV blocks running short (which would preempt)."""
+        batch = self.cohort_batch(output)
+        if batch is None or output.has_side_work:
+            return 1
+        chunk = prompt_chunk_of(output, batch)
+        if chunk is None:
+            return 1
+        request, q = chunk
+        remaining = request.num_remaining_tokens
+        if remaining <= q:
+            return 1  # the prompt's last chunk
+        full = -(-remaining // q) - 1  # iterations with a whole chunk, this one included
+        alone = not self.waiting and not self.swapped and len(self.running) == batch.members + 1
+        steps = full + 1 if alone else full  # the last chunk's leftover budget is not taken
+        steps = min(steps, batch.cohort.min_remaining())
+        if steps <= 1:
+            return 1
+        kv = self.kv_cache
+        offsets = batch.cohort.offsets()
+        computed, held, bs = request._computed, request._blocks, kv.block_size
+
+        def need(k: int) -> int:  # blocks the iterations after the first take
+            tokens = k * q if k <= full else remaining
+            blocks = -(-(computed + tokens) // bs) - held
+            return kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
+
+        free = kv.num_free_blocks
+        if need(steps) <= free:
+            return steps
+        lo, hi = 1, steps  # need(lo) <= free, need(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
     def _promote(self, cohort: Cohort) -> list[tuple[int, Request]]:
         """Let the running decodes outside the cohort join it; return (position, request)
         of the running requests still outside."""
@@ -621,9 +672,25 @@ class Scheduler(abc.ABC):
                 request.record_tokens(first, 1, end)
                 if request.num_output_tokens >= request.max_tokens:
                     done.append((i, request))
-        elif others:  # decodes outside the cohort in a stretch
-            kv.grow([r for _, r, _ in others], num_steps)
-            for i, request, _ in others:
+        elif others:  # a stretch: decodes outside the cohort, or a prompt's chunks
+            decodes = [item for item in others if item[1].num_remaining_tokens == item[2] == 1]
+            for i, request, q in others:
+                remaining = request.num_remaining_tokens
+                if remaining > q:  # chunks of q tokens, and maybe the prompt's last one
+                    if request.first_scheduled_time != request.first_scheduled_time:
+                        request.first_scheduled_time = times.start
+                    full = -(-remaining // q) - 1
+                    assert num_steps <= full + 1, "a stretch past the prompt's last chunk"
+                    computed = num_steps * q if num_steps <= full else remaining
+                    allocated = kv.allocate(request, request.num_computed_tokens + computed)
+                    assert allocated, "a stretch of prompt chunks without its KV blocks"
+                    request.num_computed_tokens += computed
+                    if computed == remaining:  # the last chunk samples
+                        request.record_tokens(first + num_steps - 1, 1, end)
+                        if request.num_output_tokens >= request.max_tokens:
+                            done.append((i, request))
+            kv.grow([r for _, r, _ in decodes], num_steps)
+            for i, request, _ in decodes:
                 request.num_computed_tokens += num_steps
                 request.record_tokens(first, num_steps, end)
                 if request.num_output_tokens >= request.max_tokens:
@@ -644,3 +711,23 @@ class Scheduler(abc.ABC):
         finished = [r for _, r in done]
         self._finish(finished, end)
         return finished
+
+
+def prompt_chunk_of(output: SchedulerOutput, batch: CohortBatch) -> tuple[Request, int] | None:
+    """(request, tokens) of the one request after the cohort's members in ``output``: a
+    running request outside the cohort or one added after the running ones (None if the
+    iteration is not the cohort and one such request)."""
+    members = batch.members
+    if len(output.requests) != members + 1:
+        return None
+    if batch.loose:
+        if len(batch.loose) != 1 or batch.tail != members + 1 or batch.loose[0][0] != members:
+            return None
+        _, request, q = batch.loose[0]
+    elif batch.tail == members:
+        request, q = output.requests[members], output.num_scheduled_tokens[members]
+    else:
+        return None
+    if request._group is not None:
+        return None
+    return request, q
