@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from batchsim.catalog.hardware import HardwareProfile
 from batchsim.catalog.model import DTYPE_BYTES, ModelSpec, resolve_kv_dtype
-from batchsim.cost.attention import AttentionPricing, decode_steps_in_block
+from batchsim.cost.attention import BLOCK_N, AttentionPricing, decode_steps_in_block
 from batchsim.cost.comm import AllReducePricing
 from batchsim.cost.costs import (
     ACT_BYTES,
@@ -50,6 +51,7 @@ from batchsim.errors import ConfigError
 __all__ = ["WEIGHT_DTYPES", "RooflineCostModel"]
 
 _CACHE_LIMIT = 65536  # entries per memo table
+_new_step = tuple.__new__  # builds a StepCost without its Python-level __new__
 _NO_KERNEL = KernelCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -181,6 +183,9 @@ class RooflineCostModel:
         self._cache_s: dict[int, OpCost] = {}
         self._rest_cache: dict[tuple[int, int], _Rest] = {}
         self._totals_cache: dict[tuple[int, int], tuple[float, ...]] = {}
+        # products of AttentionPricing.group, in its order
+        self._kv_layer_bytes = self._num_layers * self.attention._kv_elems * self._kvb
+        self._flops_layer = self._num_layers * self.attention._flops_pair
 
     # ----------------------------------------------------------------- groups of an iteration
     def _token_groups(self, tokens: int) -> _TokenGroups:
@@ -277,8 +282,9 @@ class RooflineCostModel:
     def _rest_totals(self, tokens: int, sampled: int) -> tuple[float, ...]:
         """The sums of :meth:`_rest` alone (cached per tokens and sampled rows, built from the
         groups cached per tokens and the lm_head cached per sampled rows): time, FLOPs,
-        bytes, compute time, memory time, weight bytes, KV bytes written, and the KV-cache
-        write's time, bytes and memory time."""
+        bytes, compute time, memory time, weight bytes, KV bytes written, the KV-cache
+        write's time, bytes and memory time, and the attention kernel's query and output
+        bytes."""
         key = (tokens, sampled)
         cached = self._totals_cache.get(key)
         if cached is not None:
@@ -311,6 +317,8 @@ class RooflineCostModel:
             cw.time,
             cw.bytes,
             cw.memory_time,
+            # the query and output rows the attention kernel moves (AttentionPricing.group)
+            self._num_layers * tokens * self.attention._qo_elems * ACT_BYTES,
         )
         if len(self._totals_cache) < _CACHE_LIMIT:
             self._totals_cache[key] = totals
@@ -360,31 +368,53 @@ class RooflineCostModel:
         tokens = shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens
         if tokens <= 0:
             return EMPTY_STEP
-        r_time, r_flops, r_bytes, r_tc, r_tm, r_weight, r_written, cw_time, cw_bytes, cw_tm = (
-            self._rest_totals(tokens, shape.num_sampled_tokens)
-        )
+        (
+            r_time,
+            r_flops,
+            r_bytes,
+            r_tc,
+            r_tm,
+            r_weight,
+            r_written,
+            cw_time,
+            cw_bytes,
+            cw_tm,
+            qo,
+        ) = self._rest_totals(tokens, shape.num_sampled_tokens)
         att = self.attention
         L = self._num_layers
         pad_seqs = shape.num_padding_seqs
         kv_tokens = shape.kv_read_tokens
         pairs = shape.attn_pairs
-        kv_read = L * att._kv_elems * att.kv_dtype_bytes * (kv_tokens + tokens)
-        a_bytes = kv_read + L * tokens * att._qo_elems * ACT_BYTES
-        a_time, a_tc, a_tm = att.scalar_layer_time(
-            shape.num_seqs + pad_seqs,
-            shape.num_decode_tokens + pad_seqs,
-            shape.num_prefill_tokens + shape.num_padding_tokens - pad_seqs,
-            kv_tokens,
-            pairs,
-            a_bytes / L,
-        )
-        return StepCost(
-            r_time + (L * a_time + cw_time),
-            r_flops + L * att._flops_pair * pairs,
-            r_bytes + (a_bytes + cw_bytes),
-            r_weight,
-            kv_read + r_written,
-            (r_tc + L * a_tc) - (r_tm + (L * a_tm + cw_tm)),
+        kv_read = self._kv_layer_bytes * (kv_tokens + tokens)
+        a_bytes = kv_read + qo
+        decodes = shape.num_decode_tokens + pad_seqs
+        rows = shape.num_prefill_tokens + shape.num_padding_tokens - pad_seqs
+        if rows or self.ideal:
+            a_time, a_tc, a_tm = att.scalar_layer_time(
+                shape.num_seqs + pad_seqs, decodes, rows, kv_tokens, pairs, a_bytes / L
+            )
+        else:  # decode rows only: AttentionPricing.scalar_layer_time, inlined
+            a_tc = att._flops_pair * pairs / att.peak
+            a_tm = a_bytes / L / att.bandwidth
+            a_time = att.kernel_time
+            if decodes > 0:
+                ctx = kv_tokens / decodes + 1.0
+                blocks = max(1, math.ceil(ctx / BLOCK_N - 1e-9))
+                stream = att._decode_cache.get((decodes, blocks, None))
+                if stream is None:
+                    stream = att.decode_stream(decodes, ctx, None)
+                a_time = a_time + stream
+        return _new_step(
+            StepCost,
+            (
+                r_time + (L * a_time + cw_time),
+                r_flops + self._flops_layer * pairs,
+                r_bytes + (a_bytes + cw_bytes),
+                r_weight,
+                kv_read + r_written,
+                (r_tc + L * a_tc) - (r_tm + (L * a_tm + cw_tm)),
+            ),
         )
 
     def decode_run_step(self, shape: BatchShape) -> tuple[StepCost, int]:

@@ -234,11 +234,14 @@ class KVCacheManager:
         if num_steps <= bs:  # step k < bs takes the blocks of the requests at bs - k or more
             if not at_least[bs + 1 - num_steps]:
                 return used / total  # none of them starts a block
-            return (used + np.array(at_least[bs + 1 - num_steps :][::-1])) / total
+            return np.array([(used + a) / total for a in at_least[bs : bs - num_steps : -1]])
         # step k = q bs + j takes n q blocks and those of the requests at bs - j or more
         rounds = -(-num_steps // bs)
-        extra = (np.arange(rounds) * at_least[0])[:, None] + np.array(at_least[:0:-1])
-        return (used + extra.ravel()[:num_steps]) / total
+        n = at_least[0]
+        if not n:
+            return used / total
+        grown = np.add.outer(np.arange(0, rounds * n, n), [used + a for a in at_least[:0:-1]])
+        return grown.ravel()[:num_steps] / total
 
     def growth_from_offsets(self, at_least: list[int], num_steps: int) -> int:
         """Blocks that requests counted by offset (no window) take over a stretch of

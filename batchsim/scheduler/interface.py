@@ -522,6 +522,15 @@ class Scheduler(abc.ABC):
         cohort = self._cohort
         running = self.running
         n = len(running)
+        if cohort is not None and cohort.n == n and 0 < n <= token_budget:
+            # every running request is a member (most iterations): one token each
+            kv = self.kv_cache
+            need = 0 if cohort.ahead else cohort.crossing()
+            if need <= kv.num_free_blocks:
+                kv.num_free_blocks -= need
+                cohort.ahead = 1
+                batch = CohortBatch(cohort, cohort.version, n, [], n)
+                return running.copy(), [1] * n, token_budget - n, batch
         if cohort is not None and n and token_budget > 0:
             loose = self._promote(cohort) if cohort.n != n else []
             scheduled = self._schedule_around(cohort, loose, token_budget) if cohort.n else None
