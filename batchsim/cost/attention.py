@@ -352,8 +352,9 @@ class AttentionPricing:
         tm = nbytes / self.bandwidth
         prefill_seqs = seqs - decodes
         has_prefill = prefill_seqs > 0 and rows > 0
-        if has_prefill and self.masked_fraction:
-            tc = tc + self._flops_pair * self.masked_pairs(rows, prefill_seqs) / peak
+        if has_prefill and self.masked_fraction:  # masked_pairs(), inlined
+            masked = self.masked_fraction * max(0.0, (rows * rows / prefill_seqs - rows) / 2.0)
+            tc = tc + self._flops_pair * masked / peak
         if self.ideal:
             return (tc if tc >= tm else tm), tc, tm
         time = self.kernel_time
@@ -366,9 +367,25 @@ class AttentionPricing:
                     stream = self.decode_stream(decodes, ctx, None)
                 time = time + stream
             return time, tc, tm
-        ctx_d, ctx_p, pairs_p = split_context(seqs, decodes, rows, kv_read, pairs)
+        # split_context() and the decode rows' cached stream, inlined
         if decodes > 0:
-            time = time + self.decode_stream(decodes, ctx_d / decodes + 1.0, None)
+            q = rows / prefill_seqs
+            own = prefill_seqs * q * (q + 1.0) / 2.0
+            if q > 1.0:
+                ctx_p = (pairs - decodes - own - kv_read) / (q - 1.0)
+            else:
+                ctx_p = kv_read * prefill_seqs / seqs
+            ctx_p = min(max(ctx_p, 0.0), kv_read)
+            ctx_d = kv_read - ctx_p
+            pairs_p = pairs - ctx_d - decodes
+            ctx = ctx_d / decodes + 1.0
+            blocks = max(1, math.ceil(ctx / BLOCK_N - 1e-9))
+            stream = self._decode_cache.get((decodes, blocks, None))
+            if stream is None:
+                stream = self.decode_stream(decodes, ctx, None)
+            time = time + stream
+        else:
+            ctx_p, pairs_p = kv_read, pairs
         key = (rows, prefill_seqs, ctx_p, pairs_p)
         prefill = self._prefill_cache.get(key)
         if prefill is None:

@@ -282,14 +282,16 @@ class StretchRunner:
                 break
         # KV usage at each step: the cohort's growth and the chunks' blocks
         kv = scheduler.kv_cache
-        offsets = batch.cohort.offsets()
-        used = kv.num_blocks - kv.num_free_blocks
+        offsets = batch.cohort.offsets()  # growth_from_offsets(), inlined
+        members = offsets[0]
+        total = kv.num_blocks
+        used = total - kv.num_free_blocks
         held, bs = request.num_blocks, kv.block_size
         usage = []
         for k in range(1, done + 1):
             blocks = -(-(computed + (k * q if k <= full else remaining)) // bs) - held
-            extra = kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
-            usage.append((used + extra) / kv.num_blocks)
+            grown = members * ((k - 1) // bs) + offsets[bs - (k - 1) % bs]
+            usage.append((used + grown + (blocks if blocks > 0 else 0)) / total)
         self.log.add_runs(runs, np.array(usage))
         return done, start
 
