@@ -22,6 +22,7 @@ from batchsim.catalog import catalog_dir
 from batchsim.catalog.model import load_model
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
+from batchsim.engine.cohort import Cohort
 from batchsim.engine.engine import Engine
 from batchsim.engine.stretch import StretchRunner
 from batchsim.errors import ConfigError
@@ -397,6 +398,40 @@ def test_fast_forward_is_exact_over_a_long_prompts_chunks(engine, output, cancel
     slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
     assert m.call_count > 10  # stretches of chunks ran
     assert_same_run(fast, slow)
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "engine"),
+    [
+        ({"policy": "continuous"}, {}),
+        ({"policy": "continuous", "mix_prefill_decode": True}, {"async_scheduling": True}),
+        ({"policy": "continuous", "preemption_mode": "swap"}, {"num_gpu_blocks": 120}),
+        ({"policy": "chunked_prefill"}, {"num_gpu_blocks": 120}),
+        ({"policy": "chunked_prefill", "preemption_mode": "swap"}, {"num_gpu_blocks": 120}),
+    ],
+)
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_the_cohort_of_running_decodes_changes_no_result(scheduler, engine, fast_forward):
+    # The built-in policies advance their running decodes as one cohort (running sums
+    # instead of a look at every request). Without it, every request is scheduled, priced and
+    # applied one by one: the run must be the same, iteration by iteration.
+    workload = poisson(
+        50,
+        10.0,
+        uniform(16, 900),
+        uniform(1, 200),
+        cancel_after_ms={"dist": "uniform", "min": 200, "max": 6000},
+    )
+    scheduler = {**scheduler, "max_num_seqs": 12, "max_num_batched_tokens": 512}
+    data = experiment(workload, scheduler, {**engine, "fast_forward": fast_forward})
+    with_cohort = sim(data)
+    with mock.patch.object(Cohort, "can_join", return_value=False):
+        without = sim(data)
+    assert_same_run(with_cohort, without)
+    if not fast_forward:  # the same arithmetic, iteration by iteration: to the last bit
+        for column in with_cohort.iterations.columns:
+            assert with_cohort.iterations[column].equals(without.iterations[column]), column
+        assert with_cohort.requests.equals(without.requests)
 
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])

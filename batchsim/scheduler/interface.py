@@ -446,7 +446,13 @@ class Scheduler(abc.ABC):
     def cohort_batch(self, output: SchedulerOutput) -> CohortBatch | None:
         """How ``output`` was built around the cohort, while that still holds (else None)."""
         batch = output.batch
-        if batch is None or batch.version != batch.cohort.version or not batch.cohort.ahead:
+        if (
+            batch is None
+            or batch.version != batch.cohort.version
+            or not batch.cohort.ahead
+            or output.requests is not batch.requests
+            or len(batch.requests) != batch.size
+        ):
             return None
         return batch
 
@@ -639,6 +645,8 @@ class Scheduler(abc.ABC):
             pairs += q * computed + q * (q + 1) // 2
         n = len(requests)
         shape = BatchShape(n, prefill, decodes, 0, sampled, kv_read, pairs, 0)
+        if batch is not None:
+            batch.requests, batch.size = requests, n
         return SchedulerOutput(
             requests,
             tokens,

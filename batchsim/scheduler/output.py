@@ -28,6 +28,10 @@ class CohortBatch:
     """(position, request, tokens) of the running requests outside the cohort."""
     tail: int
     """Position of the first request added after the running ones."""
+    requests: list[Request] | None = None
+    """The iteration's requests as built (an output whose list was replaced or resized is
+    applied request by request)."""
+    size: int = 0
 
     @property
     def pure(self) -> bool:
