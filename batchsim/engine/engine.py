@@ -31,8 +31,8 @@ Rules, each tested:
   (and when one is known again, in a closed loop).
 - **Decode stretches.** For a policy that opts in, a decode-only batch that would repeat is
   advanced over many iterations in one timeout, cut at the next arrival, cancellation or
-  timer (:mod:`batchsim.engine.stretch`). ``fast_forward=False`` runs them one at a time
-  (same results).
+  timer (:mod:`batchsim.engine.stretch`); so are chunked prefill's chunks of one prompt.
+  ``fast_forward=False`` runs them one at a time (same results).
 - **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
   every call: an exception it raises, an iteration that schedules a request that is not
   running, more tokens than a request has, a count below 1 or tokens without KV blocks, a

@@ -14,7 +14,16 @@ longer. This module is the one home of that shortcut:
   priced and logged as a few *runs* of equal time whose FLOPs and bytes grow by a fixed step.
   The KV blocks the requests need are taken in one call,
   :meth:`~batchsim.engine.kv_cache.KVCacheManager.grow`, when the scheduler applies the
-  stretch.
+  stretch. When the batch is a built-in policy's cohort
+  (:mod:`batchsim.engine.cohort`), the stretch's length, KV growth and usage come from the
+  cohort's counts by block offset, whatever the batch size.
+- Prompt chunks: chunked prefill's iterations of the cohort's decodes and one prompt's
+  chunk that takes the rest of the token budget repeat too (nothing can be admitted), each
+  chunk as long and further along the prompt, up to its last chunk
+  (:meth:`~batchsim.scheduler.Scheduler.prompt_chunk_repeat`, honoured only next to the
+  ``schedule()`` that promises it). Their times are not equal, so each is priced on its own
+  (:meth:`~batchsim.cost.RooflineCostModel.step_cost`, as stepping does) and logged as a
+  run of one.
 
 ``engine.fast_forward: false`` steps one iteration at a time; the results are identical
 (tested row by row).
