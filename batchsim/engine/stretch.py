@@ -75,9 +75,11 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     policy (:meth:`~Scheduler.policy_max_repeat`). 1 for anything but pure decode and for an
     iteration that preempted or swapped. External events are the engine's to cut.
     """
-    if output.num_prefill_seqs == 1 and not output.has_side_work:
-        return prompt_chunk_repeat(scheduler, output)
-    if not output.is_decode_only or output.num_prefill_seqs or output.has_side_work:
+    if output.num_prefill_seqs:
+        if output.num_prefill_seqs == 1 and not output.has_side_work:
+            return prompt_chunk_repeat(scheduler, output)
+        return 1
+    if not output.num_decode_seqs or output.has_side_work:
         return 1  # preemptions and swaps belong to one iteration
     kv = scheduler.kv_cache
     if scheduler.swapped and len(scheduler.running) < scheduler.max_num_seqs:
@@ -90,6 +92,8 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         steps = min(batch.cohort.min_remaining(), scheduler.policy_max_repeat(output))
         if steps <= 1:
             return max(1, steps)
+        if batch.members * ((steps - 1) // kv.block_size + 1) <= kv.num_free_blocks:
+            return steps  # room for a new block per member at every block boundary
         return max(1, kv.max_growth_from_offsets(batch.cohort.offsets(), steps))
     steps = min(r.max_tokens - r.num_output_tokens for r in requests)
     steps = min(steps, scheduler.policy_max_repeat(output))

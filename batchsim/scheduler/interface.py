@@ -496,7 +496,9 @@ class Scheduler(abc.ABC):
             return kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
 
         free = kv.num_free_blocks
-        if need(steps) <= free:
+        prompt_blocks = max(0, -(-(computed + remaining) // bs) - held)
+        most = batch.members * ((steps - 1) // bs + 1) + prompt_blocks  # >= need(steps)
+        if most <= free or need(steps) <= free:
             return steps
         lo, hi = 1, steps  # need(lo) <= free, need(hi) > free
         while hi - lo > 1:
@@ -620,6 +622,14 @@ class Scheduler(abc.ABC):
                 return self.make_output(requests, tokens, preempted=preempted)
             members = kv_read = 0
             others = list(zip(range(len(requests)), requests, tokens))
+        elif not batch.loose and len(requests) == batch.tail:  # the cohort alone
+            members = batch.members
+            kv_read = batch.cohort.context_tokens()
+            shape = BatchShape(members, 0, members, 0, members, kv_read, kv_read + members, 0)
+            batch.requests, batch.size = requests, members
+            return SchedulerOutput(
+                requests, tokens, shape, 0, members, members, members, preempted, batch=batch
+            )
         else:
             members = batch.members
             kv_read = batch.cohort.context_tokens()
@@ -677,7 +687,7 @@ class Scheduler(abc.ABC):
                 (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
             ]
         done: list[tuple[int, Request]] = []
-        if num_steps == 1:
+        if others and num_steps == 1:
             for i, request, num_new in others:
                 if request.status != RequestStatus.RUNNING:
                     continue
