@@ -95,7 +95,10 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         if batch.members * ((steps - 1) // kv.block_size + 1) <= kv.num_free_blocks:
             return steps  # room for a new block per member at every block boundary
         return max(1, kv.max_growth_from_offsets(batch.cohort.offsets(), steps))
-    steps = min(r.max_tokens - r.num_output_tokens for r in requests)
+    if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):
+        steps = min(r.max_tokens - r._outputs for r in requests)  # none is in a cohort
+    else:
+        steps = min(r.max_tokens - r.num_output_tokens for r in requests)
     steps = min(steps, scheduler.policy_max_repeat(output))
     if steps <= 1 or scheduler.reserves_full_sequence:
         return max(1, steps)

@@ -231,38 +231,42 @@ class Scheduler(abc.ABC):
         batch = self.cohort_batch(output)
         if batch is not None:
             return self._apply_batch(output, batch, times)
+        requests = output.requests
+        cohort = self._cohort
+        if cohort is not None and cohort.n:  # request by request: members go their own way
+            for request in requests:
+                if request._group is not None:
+                    request._group.detach(request)
+        # no request of the iteration is in a cohort: their progress is their own fields
         finished: list[Request] = []
         first, end = times.first_iteration, times.end
         num_steps = times.num_steps
         if num_steps == 1:
             start = times.start
-            for request, num_new in zip(output.requests, output.num_scheduled_tokens):
+            for request, num_new in zip(requests, output.num_scheduled_tokens):
                 if request.status != RequestStatus.RUNNING:
                     continue  # preempted later in the same schedule() call
                 if request.first_scheduled_time != request.first_scheduled_time:  # NaN
                     request.first_scheduled_time = start
-                request.num_computed_tokens += num_new
-                if (
-                    request.num_computed_tokens
-                    < request.num_prompt_tokens + request.num_output_tokens
-                ):
+                computed = request._computed + num_new
+                request._computed = computed
+                if computed < request.num_prompt_tokens + request._outputs:
                     continue  # a non-final prompt chunk samples nothing
-                if request.last_token_iteration == first - 1 >= 0:  # its token run goes on
-                    request.last_token_iteration = first
-                    request.num_output_tokens += 1
+                if request._last == first - 1 >= 0:  # its token run goes on
+                    request._last = first
+                    request._outputs += 1
                 else:
                     request.record_tokens(first, 1, end)
-                if request.num_output_tokens >= request.max_tokens:
+                if request._outputs >= request.max_tokens:
                     finished.append(request)
         else:
-            requests = output.requests
             if not self.reserves_full_sequence:
                 self.kv_cache.grow(requests, num_steps)
             for request in requests:
-                request.num_computed_tokens += num_steps
+                request._computed += num_steps
                 request.record_tokens(first, num_steps, end)
-                if request.num_output_tokens >= request.max_tokens:
-                    assert request.num_output_tokens == request.max_tokens, "stretch overshot"
+                if request._outputs >= request.max_tokens:
+                    assert request._outputs == request.max_tokens, "stretch overshot"
                     finished.append(request)
         self._finish(finished, end)
         return finished
@@ -307,11 +311,15 @@ class Scheduler(abc.ABC):
         decode: list[bool] = []
         sampled: list[bool] = []
         num_outputs = num_decode = 0
+        plain = self._cohort is None or not self._cohort.n  # no request is in a cohort
         for request, q in zip(requests, num_tokens):
-            c = request.num_computed_tokens
-            left = request.num_prompt_tokens + request.num_output_tokens - c
+            if plain:
+                c, outputs = request._computed, request._outputs
+            else:
+                c, outputs = request.num_computed_tokens, request.num_output_tokens
+            left = request.num_prompt_tokens + outputs - c
             computed.append(c)
-            is_decode = left == 1 and request.num_output_tokens > 0
+            is_decode = left == 1 and outputs > 0
             decode.append(is_decode)
             num_decode += is_decode
             samples = q == left
