@@ -129,10 +129,21 @@ class Scheduler(abc.ABC):
         """True while no further arrival is known (see :meth:`set_end_of_input`)."""
         self._swap_in_blocks = 0  # copied during the current schedule_iteration()
         self._swap_out_blocks = 0
+        policy = type(self)
+        self._own_helpers = (
+            policy.schedule_running is Scheduler.schedule_running
+            and policy.make_output is Scheduler.make_output
+        )
+        """The helpers are this module's (a subclass that overrides one has it called)."""
         self._cohort: Cohort | None = None
         """The running decodes advanced together (built-in policies that grow KV blocks as
         they decode, without a sliding window; see :mod:`batchsim.engine.cohort`)."""
-        if window is None and kv_cache.window is None and not self.reserves_full_sequence:
+        if (
+            window is None
+            and kv_cache.window is None
+            and not self.reserves_full_sequence
+            and self._own_helpers
+        ):
             self._cohort = Cohort(kv_cache.block_size)
 
     @classmethod
@@ -626,7 +637,7 @@ class Scheduler(abc.ABC):
         """:meth:`make_output` of an iteration built by :meth:`_schedule_running_batch` (and
         requests added after the running ones), or of any requests (``batch`` None)."""
         if batch is None:
-            if self.window is not None:
+            if self.window is not None or not self._own_helpers:
                 return self.make_output(requests, tokens, preempted=preempted)
             members = kv_read = 0
             others = list(zip(range(len(requests)), requests, tokens))
