@@ -525,3 +525,68 @@ def test_decode_stretch_equals_pricing_each_iteration(model, hardware, tp, paddi
         assert bool(np.broadcast_to(stretch.compute_bound, kv_read.shape)[k]) == bool(
             one.compute_bound
         )
+
+
+@pytest.mark.parametrize(
+    ("model", "hardware", "tp", "ideal"),
+    [
+        ("llama-2-7b", "a100-80gb", 1, False),
+        ("llama-2-7b", "a100-80gb", 1, True),
+        ("llama-3-70b", "h100-sxm", 4, False),
+        ("mixtral-8x7b", "h100-sxm", 2, False),
+        ("deepseek-v3", "h200", 8, False),
+        ("mistral-7b", "l40s", 1, False),
+    ],
+)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_step_cost_is_estimate_to_the_last_bit(model, hardware, tp, ideal, data):
+    # The engine logs step_cost(), which caches the attention kernel's nonlinear parts and
+    # builds no operator groups: the totals must be estimate()'s exactly (same arithmetic in
+    # the same order), for decodes, prefills (padded or not), chunks over a cached context,
+    # their mixtures and padding sequences, priced twice (the second time from the caches).
+    cm = _cost_models(model, hardware, tp, ideal)
+    window = load_model(model).sliding_window
+    decodes = data.draw(st.lists(st.integers(1, 9000), max_size=40))
+    prefills = data.draw(
+        st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 6000)), max_size=4)
+    )
+    if not decodes and not prefills:
+        decodes = [100]
+    new = [q for q, _ in prefills] + [1] * len(decodes)
+    contexts = [c for _, c in prefills] + decodes
+    pad = data.draw(st.booleans()) and bool(prefills)
+    padding_seqs = data.draw(st.integers(0, 3))
+    shape = BatchShape.from_requests(
+        new,
+        contexts,
+        decode=[False] * len(prefills) + [True] * len(decodes),
+        sampled=data.draw(st.lists(st.booleans(), min_size=len(new), max_size=len(new))),
+        pad_to=max(new) if pad else None,
+        num_padding_seqs=padding_seqs,
+        padding_context=data.draw(st.integers(0, 4000)) if padding_seqs else 0,
+        window=window,
+    )
+    for _ in range(2):
+        full = cm.estimate(shape)
+        want = (
+            full.time,
+            full.flops,
+            full.bytes,
+            full.weight_bytes,
+            full.kv_bytes,
+            full.compute_time - full.memory_time,
+        )
+        assert tuple(cm.step_cost(shape)) == want
+
+
+_COST_MODELS: dict[tuple, RooflineCostModel] = {}
+
+
+def _cost_models(model: str, hardware: str, tp: int, ideal: bool) -> RooflineCostModel:
+    key = (model, hardware, tp, ideal)
+    if key not in _COST_MODELS:
+        _COST_MODELS[key] = RooflineCostModel(
+            load_model(model), load_hardware(hardware), tp=tp, ideal=ideal
+        )
+    return _COST_MODELS[key]

@@ -22,6 +22,7 @@ from batchsim.catalog import catalog_dir
 from batchsim.catalog.model import load_model
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
+from batchsim.engine.cohort import Cohort
 from batchsim.engine.engine import Engine
 from batchsim.engine.stretch import StretchRunner
 from batchsim.errors import ConfigError
@@ -369,6 +370,68 @@ def test_fast_forward_is_exact_with_swap_preemption(policy, mix):
     slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
     assert num_stretches > 0 and slow.summary["num_swaps"] > 0
     assert_same_run(fast, slow)
+
+
+@pytest.mark.parametrize(
+    ("engine", "output", "cancel"),
+    [
+        ({}, uniform(1, 300), False),
+        ({"async_scheduling": True}, uniform(1, 300), True),
+        ({"num_gpu_blocks": 160}, uniform(1, 300), False),  # chunks cut short of KV blocks
+        ({"num_gpu_blocks": 160, "swap_space_gib": 0.3}, uniform(1, 40), False),
+    ],
+)
+def test_fast_forward_is_exact_over_a_long_prompts_chunks(engine, output, cancel):
+    # Chunked prefill of prompts many budgets long, next to running decodes: the chunks of
+    # one prompt repeat (each as long, further along the prompt) and are advanced in one
+    # step, the first one (its admission) and, when nothing else could take its leftover
+    # budget, the last one included. Every iteration and request must be the same as
+    # stepping one at a time, through arrivals, cancellations, finishes and preemptions.
+    extra = {"cancel_after_ms": uniform(300, 4000)} if cancel else {}
+    workload = poisson(60, 6.0, uniform(200, 2500), output, **extra)
+    scheduler = {"policy": "chunked_prefill", "max_num_seqs": 16, "max_num_batched_tokens": 256}
+    if "swap_space_gib" in engine:
+        scheduler["preemption_mode"] = "swap"
+    runner = StretchRunner._run_chunks
+    with mock.patch.object(StretchRunner, "_run_chunks", autospec=True, side_effect=runner) as m:
+        fast = sim(experiment(workload, scheduler, engine))
+    slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
+    assert m.call_count > 10  # stretches of chunks ran
+    assert_same_run(fast, slow)
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "engine"),
+    [
+        ({"policy": "continuous"}, {}),
+        ({"policy": "continuous", "mix_prefill_decode": True}, {"async_scheduling": True}),
+        ({"policy": "continuous", "preemption_mode": "swap"}, {"num_gpu_blocks": 120}),
+        ({"policy": "chunked_prefill"}, {"num_gpu_blocks": 120}),
+        ({"policy": "chunked_prefill", "preemption_mode": "swap"}, {"num_gpu_blocks": 120}),
+    ],
+)
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_the_cohort_of_running_decodes_changes_no_result(scheduler, engine, fast_forward):
+    # The built-in policies advance their running decodes as one cohort (running sums
+    # instead of a look at every request). Without it, every request is scheduled, priced and
+    # applied one by one: the run must be the same, iteration by iteration.
+    workload = poisson(
+        50,
+        10.0,
+        uniform(16, 900),
+        uniform(1, 200),
+        cancel_after_ms={"dist": "uniform", "min": 200, "max": 6000},
+    )
+    scheduler = {**scheduler, "max_num_seqs": 12, "max_num_batched_tokens": 512}
+    data = experiment(workload, scheduler, {**engine, "fast_forward": fast_forward})
+    with_cohort = sim(data)
+    with mock.patch.object(Cohort, "can_join", return_value=False):
+        without = sim(data)
+    assert_same_run(with_cohort, without)
+    if not fast_forward:  # the same arithmetic, iteration by iteration: to the last bit
+        for column in with_cohort.iterations.columns:
+            assert with_cohort.iterations[column].equals(without.iterations[column]), column
+        assert with_cohort.requests.equals(without.requests)
 
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])

@@ -277,3 +277,30 @@ def test_a_policy_that_stops_making_progress_is_stopped(
     monkeypatch.setattr(engine_module, constant, 200)
     code, err = run_cli(f"{policies}:{name}", tmp_path, capsys)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_built_in_policy_calls_the_helpers_a_subclass_overrides():
+    # The built-in policies schedule their running decodes as one cohort, without calling
+    # schedule_running() and make_output() for them; a subclass that overrides either one
+    # still has it called at every iteration, as before.
+    calls = {"schedule_running": 0, "make_output": 0}
+
+    class Counting(ContinuousScheduler):
+        def schedule_running(self, token_budget, preempted):
+            calls["schedule_running"] += 1
+            return super().schedule_running(token_budget, preempted)
+
+        def make_output(self, requests, num_tokens, **kwargs):
+            calls["make_output"] += 1
+            return super().make_output(requests, num_tokens, **kwargs)
+
+    module = type(sys)("counting_policy")
+    module.Counting = Counting  # type: ignore[attr-defined]
+    exp = tiny_experiment(scheduler={"policy": "counting_policy:Counting", "max_num_seqs": 8})
+    exp["engine"] = {"fast_forward": False}
+    with mock.patch.dict(sys.modules, {"counting_policy": module}):
+        result = batchsim.run(exp)
+    decodes = int((result.iterations["num_decode_seqs"] > 0).sum())
+    assert decodes > 0
+    assert calls["make_output"] >= result.summary["num_iterations"]  # every iteration's
+    assert calls["schedule_running"] >= decodes

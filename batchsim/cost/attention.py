@@ -170,6 +170,7 @@ class AttentionPricing:
         "_flops_pair",
         "_kv_elems",
         "_peak_sm",
+        "_prefill_cache",
         "_qo_elems",
         "_split_cache",
         "bandwidth",
@@ -229,6 +230,7 @@ class AttentionPricing:
         self._peak_sm = peak / num_sms
         self._split_cache: dict[tuple[int, int], int] = {}
         self._decode_cache: dict[tuple, float] = {}
+        self._prefill_cache: dict[tuple, float] = {}
 
     # ----------------------------------------------------------------- one iteration
     def group(
@@ -335,17 +337,75 @@ class AttentionPricing:
         if decodes > 0:
             time = time + self.decode_stream(decodes, ctx_d / decodes + 1.0, split_tokens)
         if prefill_seqs > 0 and rows > 0:
-            q = rows / prefill_seqs
-            q_pad = math.ceil(q / BLOCK_M) * BLOCK_M
-            scale = q_pad / q
-            work = pairs_p * scale + self.masked_fraction * prefill_seqs * q_pad * (q_pad - 1) / 2.0
-            p_tc = self._flops_pair * work / self.peak
-            p_tm = (
-                self._kv_elems * self.kv_dtype_bytes * (ctx_p + rows)
-                + rows * self._qo_elems * ACT_BYTES
-            ) / self.bandwidth
-            time = time + self.prefill_time + smoothmax(p_tc, p_tm, self.p)
+            prefill = self._prefill_rows_time(rows, prefill_seqs, ctx_p, pairs_p)
+            time = time + self.prefill_time + prefill
         return time, tc, tm
+
+    def scalar_layer_time(
+        self, seqs: int, decodes: int, rows: int, kv_read: int, pairs: int, nbytes: float
+    ) -> tuple[float, float, float]:
+        """:meth:`layer_time` of python numbers (no ``split_tokens``): the same arithmetic in
+        the same order, so equal to the last bit, with the prefill rows' time cached like the
+        decode rows' (per rows, chunks, context and pairs)."""
+        peak = self.peak
+        tc = self._flops_pair * pairs / peak
+        tm = nbytes / self.bandwidth
+        prefill_seqs = seqs - decodes
+        has_prefill = prefill_seqs > 0 and rows > 0
+        if has_prefill and self.masked_fraction:  # masked_pairs(), inlined
+            masked = self.masked_fraction * max(0.0, (rows * rows / prefill_seqs - rows) / 2.0)
+            tc = tc + self._flops_pair * masked / peak
+        if self.ideal:
+            return (tc if tc >= tm else tm), tc, tm
+        time = self.kernel_time
+        if not has_prefill:  # split_context: every cached token is a decode's
+            if decodes > 0:
+                ctx = kv_read / decodes + 1.0
+                blocks = max(1, math.ceil(ctx / BLOCK_N - 1e-9))
+                stream = self._decode_cache.get((decodes, blocks, None))
+                if stream is None:
+                    stream = self.decode_stream(decodes, ctx, None)
+                time = time + stream
+            return time, tc, tm
+        # split_context() and the decode rows' cached stream, inlined
+        if decodes > 0:
+            q = rows / prefill_seqs
+            own = prefill_seqs * q * (q + 1.0) / 2.0
+            if q > 1.0:
+                ctx_p = (pairs - decodes - own - kv_read) / (q - 1.0)
+            else:
+                ctx_p = kv_read * prefill_seqs / seqs
+            ctx_p = min(max(ctx_p, 0.0), kv_read)
+            ctx_d = kv_read - ctx_p
+            pairs_p = pairs - ctx_d - decodes
+            ctx = ctx_d / decodes + 1.0
+            blocks = max(1, math.ceil(ctx / BLOCK_N - 1e-9))
+            stream = self._decode_cache.get((decodes, blocks, None))
+            if stream is None:
+                stream = self.decode_stream(decodes, ctx, None)
+            time = time + stream
+        else:
+            ctx_p, pairs_p = kv_read, pairs
+        key = (rows, prefill_seqs, ctx_p, pairs_p)
+        prefill = self._prefill_cache.get(key)
+        if prefill is None:
+            prefill = self._prefill_rows_time(rows, prefill_seqs, ctx_p, pairs_p)
+            if len(self._prefill_cache) < _CACHE_LIMIT:
+                self._prefill_cache[key] = prefill
+        return time + self.prefill_time + prefill, tc, tm
+
+    def _prefill_rows_time(self, rows: Any, prefill_seqs: Any, ctx_p: Any, pairs_p: Any) -> Any:
+        """Time of the prefill rows of one call (without the fixed ``prefill_time``)."""
+        q = rows / prefill_seqs
+        q_pad = math.ceil(q / BLOCK_M) * BLOCK_M
+        scale = q_pad / q
+        work = pairs_p * scale + self.masked_fraction * prefill_seqs * q_pad * (q_pad - 1) / 2.0
+        p_tc = self._flops_pair * work / self.peak
+        p_tm = (
+            self._kv_elems * self.kv_dtype_bytes * (ctx_p + rows)
+            + rows * self._qo_elems * ACT_BYTES
+        ) / self.bandwidth
+        return smoothmax(p_tc, p_tm, self.p)
 
     def masked_pairs(self, rows: float, prefill_seqs: float) -> float:
         """Causally masked pairs the kernel still computes, times ``masked_fraction``.

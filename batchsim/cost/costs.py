@@ -33,6 +33,7 @@ import numpy as np
 __all__ = [
     "ACT_BYTES",
     "EMPTY_COST",
+    "EMPTY_STEP",
     "OP_NAMES",
     "ZERO_OP",
     "CostSum",
@@ -41,6 +42,7 @@ __all__ = [
     "KernelCost",
     "Num",
     "OpCost",
+    "StepCost",
     "smoothmax",
     "vmax",
 ]
@@ -199,6 +201,31 @@ class DecodeSlopes:
     kv_bytes: float
     compute_time: float
     memory_time: float
+
+
+class StepCost(NamedTuple):
+    """The totals of one iteration that the engine logs: an :class:`IterationCost` without
+    its groups (see :meth:`~batchsim.cost.RooflineCostModel.step_cost`).
+
+    Attributes:
+        time: s.
+        flops: FLOPs.
+        bytes: Device-memory bytes.
+        weight_bytes: Weight bytes read.
+        kv_bytes: KV-cache bytes read and written.
+        margin: Compute time minus memory time, s (> 0: compute-bound).
+    """
+
+    time: float
+    flops: float
+    bytes: float
+    weight_bytes: float
+    kv_bytes: float
+    margin: float
+
+
+EMPTY_STEP = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+"""The totals of an iteration with no rows."""
 
 
 # --------------------------------------------------------------------------- building blocks

@@ -34,6 +34,7 @@ MIN_TILE_M = 16
 """Smallest tensor-core tile height (mma m16)."""
 MIN_TILE_N = 8
 """Smallest tensor-core tile width."""
+_CACHE_LIMIT = 65536  # entries of the compute-time memo
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,7 @@ class GemmPricing:
     """
 
     __slots__ = (
+        "_cache",
         "_peak_sm",
         "bandwidth",
         "ideal",
@@ -109,15 +111,24 @@ class GemmPricing:
             dict.fromkeys(((tile_m, tile_n), (half_m, tile_n), (tile_m, half_n), (half_m, half_n)))
         )
         self._peak_sm = peak / num_sms
+        self._cache: dict[tuple, float] = {}
 
     def compute_time(self, rows: float, k: int, n: int, groups: float) -> float:
-        """Tile- and wave-quantized compute time of ``groups`` GEMMs of rows x k x n, s."""
-        peak_sm = self._peak_sm
+        """Tile- and wave-quantized compute time of ``groups`` GEMMs of rows x k x n, s.
+
+        The rows count only through the tile height and the tiles they fill, so the time is
+        cached per those (prefills of nearby lengths share it)."""
         cap = min(max(_pow2ceil(rows), MIN_TILE_M), self.tiles[0][0])
+        heights = tuple(math.ceil(rows / (tm0 if tm0 < cap else cap)) for tm0, _ in self.tiles)
+        key = (k, n, groups, cap, heights)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        peak_sm = self._peak_sm
         best = math.inf
-        for tm0, tn in self.tiles:
+        for (tm0, tn), height in zip(self.tiles, heights):
             tm = tm0 if tm0 < cap else cap
-            tiles = groups * math.ceil(rows / tm) * math.ceil(n / tn)
+            tiles = groups * height * math.ceil(n / tn)
             for split in SPLIT_K:
                 if split > 1 and k / split < MIN_K_SLICE:
                     break
@@ -125,6 +136,8 @@ class GemmPricing:
                 t = waves * 2.0 * tm * tn * (k / split) / peak_sm
                 if t < best:
                     best = t
+        if len(self._cache) < _CACHE_LIMIT:
+            self._cache[key] = best
         return best
 
     def price(

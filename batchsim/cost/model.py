@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,16 +27,19 @@ import numpy as np
 
 from batchsim.catalog.hardware import HardwareProfile
 from batchsim.catalog.model import DTYPE_BYTES, ModelSpec, resolve_kv_dtype
-from batchsim.cost.attention import AttentionPricing, decode_steps_in_block
+from batchsim.cost.attention import BLOCK_N, AttentionPricing, decode_steps_in_block
 from batchsim.cost.comm import AllReducePricing
 from batchsim.cost.costs import (
+    ACT_BYTES,
     EMPTY_COST,
+    EMPTY_STEP,
     ZERO_OP,
     CostSum,
     DecodeSlopes,
     IterationCost,
     KernelCost,
     OpCost,
+    StepCost,
 )
 from batchsim.cost.elementwise import ElementwisePricing
 from batchsim.cost.gemm import GemmPricing
@@ -47,6 +51,7 @@ from batchsim.errors import ConfigError
 __all__ = ["WEIGHT_DTYPES", "RooflineCostModel"]
 
 _CACHE_LIMIT = 65536  # entries per memo table
+_new_step = tuple.__new__  # builds a StepCost without its Python-level __new__
 _NO_KERNEL = KernelCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -177,6 +182,10 @@ class RooflineCostModel:
         self._cache_t: dict[int, _TokenGroups] = {}
         self._cache_s: dict[int, OpCost] = {}
         self._rest_cache: dict[tuple[int, int], _Rest] = {}
+        self._totals_cache: dict[tuple[int, int], tuple[float, ...]] = {}
+        # products of AttentionPricing.group, in its order
+        self._kv_layer_bytes = self._num_layers * self.attention._kv_elems * self._kvb
+        self._flops_layer = self._num_layers * self.attention._flops_pair
 
     # ----------------------------------------------------------------- groups of an iteration
     def _token_groups(self, tokens: int) -> _TokenGroups:
@@ -270,6 +279,51 @@ class RooflineCostModel:
             self._rest_cache[key] = rest
         return rest
 
+    def _rest_totals(self, tokens: int, sampled: int) -> tuple[float, ...]:
+        """The sums of :meth:`_rest` alone (cached per tokens and sampled rows, built from the
+        groups cached per tokens and the lm_head cached per sampled rows): time, FLOPs,
+        bytes, compute time, memory time, weight bytes, KV bytes written, the KV-cache
+        write's time, bytes and memory time, and the attention kernel's query and output
+        bytes."""
+        key = (tokens, sampled)
+        cached = self._totals_cache.get(key)
+        if cached is not None:
+            return cached
+        groups = self._token_groups(tokens)
+        qkv, o, mlp, ew = groups.qkv, groups.o, groups.mlp, groups.elementwise
+        lm = self._lm_head_op(sampled) if sampled > 0 else ZERO_OP
+        cw = groups.cache_write
+        # the same sums as _rest, in the same order
+        totals = (
+            0
+            + qkv.time
+            + o.time
+            + mlp.time
+            + ew.time
+            + lm.time
+            + groups.all_reduce.time
+            + self._overhead.time,
+            0 + qkv.flops + o.flops + mlp.flops + ew.flops + lm.flops,
+            0 + qkv.bytes + o.bytes + mlp.bytes + ew.bytes + lm.bytes,
+            0
+            + qkv.compute_time
+            + o.compute_time
+            + mlp.compute_time
+            + ew.compute_time
+            + lm.compute_time,
+            0 + qkv.memory_time + o.memory_time + mlp.memory_time + ew.memory_time + lm.memory_time,
+            groups.weight_bytes + (self._lm_weight if sampled > 0 else 0.0),
+            groups.kv_written,
+            cw.time,
+            cw.bytes,
+            cw.memory_time,
+            # the query and output rows the attention kernel moves (AttentionPricing.group)
+            self._num_layers * tokens * self.attention._qo_elems * ACT_BYTES,
+        )
+        if len(self._totals_cache) < _CACHE_LIMIT:
+            self._totals_cache[key] = totals
+        return totals
+
     @staticmethod
     def _combine(rest: _Rest, attn: OpCost, kv_read: Any) -> IterationCost:
         """An iteration's cost from its attention group and the rest."""
@@ -302,6 +356,74 @@ class RooflineCostModel:
         rest = self._rest(tokens, int(sampled))
         attn, kv_read = self.attention.group(shape, tokens, self._num_layers, rest.cache_write)
         return self._combine(rest, attn, kv_read)
+
+    def step_cost(self, shape: BatchShape) -> StepCost:
+        """The totals of :meth:`estimate` that the engine logs, for a shape of python ints.
+
+        The same arithmetic in the same order (equal to the last bit), without building the
+        operator groups; the attention kernel's nonlinear time is cached per decode rows and
+        KV blocks and per prefill rows, chunks and context, so a mixed or chunked iteration
+        costs about what a decode-only one does.
+        """
+        tokens = shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens
+        if tokens <= 0:
+            return EMPTY_STEP
+        (
+            r_time,
+            r_flops,
+            r_bytes,
+            r_tc,
+            r_tm,
+            r_weight,
+            r_written,
+            cw_time,
+            cw_bytes,
+            cw_tm,
+            qo,
+        ) = self._rest_totals(tokens, shape.num_sampled_tokens)
+        att = self.attention
+        L = self._num_layers
+        pad_seqs = shape.num_padding_seqs
+        kv_tokens = shape.kv_read_tokens
+        pairs = shape.attn_pairs
+        kv_read = self._kv_layer_bytes * (kv_tokens + tokens)
+        a_bytes = kv_read + qo
+        decodes = shape.num_decode_tokens + pad_seqs
+        rows = shape.num_prefill_tokens + shape.num_padding_tokens - pad_seqs
+        if rows or self.ideal:
+            a_time, a_tc, a_tm = att.scalar_layer_time(
+                shape.num_seqs + pad_seqs, decodes, rows, kv_tokens, pairs, a_bytes / L
+            )
+        else:  # decode rows only: AttentionPricing.scalar_layer_time, inlined
+            a_tc = att._flops_pair * pairs / att.peak
+            a_tm = a_bytes / L / att.bandwidth
+            a_time = att.kernel_time
+            if decodes > 0:
+                ctx = kv_tokens / decodes + 1.0
+                blocks = max(1, math.ceil(ctx / BLOCK_N - 1e-9))
+                stream = att._decode_cache.get((decodes, blocks, None))
+                if stream is None:
+                    stream = att.decode_stream(decodes, ctx, None)
+                a_time = a_time + stream
+        return _new_step(
+            StepCost,
+            (
+                r_time + (L * a_time + cw_time),
+                r_flops + self._flops_layer * pairs,
+                r_bytes + (a_bytes + cw_bytes),
+                r_weight,
+                kv_read + r_written,
+                (r_tc + L * a_tc) - (r_tm + (L * a_tm + cw_tm)),
+            ),
+        )
+
+    def decode_run_step(self, shape: BatchShape) -> tuple[StepCost, int]:
+        """:meth:`decode_run` with the totals of :meth:`step_cost`."""
+        cost = self.step_cost(shape)
+        n = shape.num_decode_tokens + shape.num_padding_seqs
+        if self.ideal or n <= 0:
+            return cost, 1
+        return cost, decode_steps_in_block(shape.kv_read_tokens, n)
 
     def estimate_decode_stretch(
         self, shape: BatchShape, kv_read_tokens: np.ndarray

@@ -31,8 +31,8 @@ Rules, each tested:
   (and when one is known again, in a closed loop).
 - **Decode stretches.** For a policy that opts in, a decode-only batch that would repeat is
   advanced over many iterations in one timeout, cut at the next arrival, cancellation or
-  timer (:mod:`batchsim.engine.stretch`). ``fast_forward=False`` runs them one at a time
-  (same results).
+  timer (:mod:`batchsim.engine.stretch`); so are chunked prefill's chunks of one prompt.
+  ``fast_forward=False`` runs them one at a time (same results).
 - **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
   every call: an exception it raises, an iteration that schedules a request that is not
   running, more tokens than a request has, a count below 1 or tokens without KV blocks, a
@@ -109,15 +109,18 @@ class ArrivalSource:
             for user in range(min(table.concurrency, self.num_total)):
                 self._heap.append((0.0, user, user))
             self.next_index = len(self._heap)
-        else:
+        self._next = math.inf  # open loop: the next arrival time
+        if not self.closed_loop:
             self._arrivals = table.arrival_time
+            self._next = self._arrival(0)
+
+    def _arrival(self, index: int) -> float:
+        return float(self._arrivals[index]) if index < self.num_total else math.inf
 
     def next_time(self) -> float:
         if self.closed_loop:
             return self._heap[0][0] if self._heap else math.inf
-        if self.next_index < self.num_total:
-            return float(self._arrivals[self.next_index])
-        return math.inf
+        return self._next
 
     def exhausted(self) -> bool:
         """No further arrival is known (closed loop: every user is waiting on the engine)."""
@@ -131,6 +134,8 @@ class ArrivalSource:
                 time, index, user = heapq.heappop(self._heap)
                 out.append(self._make(index, time, user))
             return out
+        if self._next > now:
+            return out
         arrivals = self._arrivals
         n = self.num_total
         i = self.next_index
@@ -138,6 +143,7 @@ class ArrivalSource:
             out.append(self._make(i, float(arrivals[i]), -1))
             i += 1
         self.next_index = i
+        self._next = self._arrival(i)
         return out
 
     def on_left(self, request: Request, now: float) -> None:
@@ -325,6 +331,8 @@ class Engine:
                 continue
             idle_wakeups = 0
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
+            if num_steps > 1 and output.num_prefill_seqs and self.slot_log is not None:
+                num_steps = 1  # the slots of a prompt's chunks are recorded one by one
             if num_steps > 1:
                 times = self.stretch.run(output, now, num_steps, self._next_event_time(now))
             else:
@@ -351,7 +359,7 @@ class Engine:
                 self._left(request, times.end)
 
     def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
-        cost = self.cost_model.estimate(output.shape)
+        cost = self.cost_model.step_cost(output.shape)
         cpu = self.cpu_time(output.num_seqs)
         swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
             self.options.swap_time_per_block

@@ -217,15 +217,58 @@ class KVCacheManager:
             blocks -= np.where(skipped >= bs, skipped // bs, 0)
             extra = (blocks - held[None, :]).sum(axis=1)
             return (used + extra) / self.num_blocks
-        # Without a window a request with c cached tokens needs
-        # floor((c mod bs + k) / bs) more blocks by step k: count requests by offset.
         counts = [0] * (bs + 1)
         for r in requests:
             counts[r.num_computed_tokens % bs] += 1
-        at_least = list(itertools.accumulate(reversed(counts)))[::-1]  # #{offset >= j}
-        k = np.arange(num_steps)
-        extra = len(requests) * (k // bs) + np.array(at_least)[bs - k % bs]
-        return (used + extra) / self.num_blocks
+        return self.usage_from_offsets(at_least_offsets(counts), num_steps)
+
+    # Without a window a request with c cached tokens needs floor((c mod bs + k) / bs) more
+    # blocks by step k of a stretch: what a stretch needs depends only on how many requests
+    # there are at each offset c mod bs, given as ``at_least[j]``, the requests at offset j
+    # or more (bs + 1 entries: at_least[0] counts them all, at_least[bs] is 0).
+    def usage_from_offsets(self, at_least: list[int], num_steps: int) -> Any:
+        """:meth:`usage_during_growth` (no window) of requests counted by offset."""
+        bs = self.block_size
+        used = self.num_blocks - self.num_free_blocks
+        total = self.num_blocks
+        if num_steps <= bs:  # step k < bs takes the blocks of the requests at bs - k or more
+            if not at_least[bs + 1 - num_steps]:
+                return used / total  # none of them starts a block
+            return np.array([(used + a) / total for a in at_least[bs : bs - num_steps : -1]])
+        # step k = q bs + j takes n q blocks and those of the requests at bs - j or more
+        rounds = -(-num_steps // bs)
+        n = at_least[0]
+        if not n:
+            return used / total
+        grown = np.add.outer(np.arange(0, rounds * n, n), [used + a for a in at_least[:0:-1]])
+        return grown.ravel()[:num_steps] / total
+
+    def growth_from_offsets(self, at_least: list[int], num_steps: int) -> int:
+        """Blocks that requests counted by offset (no window) take over a stretch of
+        ``num_steps`` decode iterations, beyond the first one's (see :meth:`grow`)."""
+        bs = self.block_size
+        j = num_steps - 1
+        return at_least[0] * (j // bs) + at_least[bs - j % bs]
+
+    def max_growth_from_offsets(self, at_least: list[int], limit: int) -> int:
+        """:meth:`max_growth_steps` (no window) of requests counted by offset."""
+        bs = self.block_size
+        free = self.num_free_blocks
+        n = at_least[0]
+
+        def need(k: int) -> int:
+            return n * ((k - 1) // bs) + at_least[bs - (k - 1) % bs]
+
+        if need(limit) <= free:
+            return limit
+        lo, hi = 1, limit  # need(lo) <= free (step 1 is allocated), need(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     # -------------------------------------------------------------- swapping
     def can_swap_out(self, request: Request) -> bool:
@@ -263,3 +306,9 @@ class KVCacheManager:
         self.num_free_blocks -= need
         request.num_blocks = need
         return moved
+
+
+def at_least_offsets(counts: list[int]) -> list[int]:
+    """From ``counts[j]`` (how many requests are at offset j, bs + 1 entries, the last one 0)
+    to ``at_least[j]`` (how many are at offset j or more)."""
+    return list(itertools.accumulate(reversed(counts)))[::-1]

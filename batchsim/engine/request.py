@@ -6,6 +6,11 @@ far (``num_tokens``); an iteration computes some of the missing ones, and when i
 end of the known sequence the request samples one new token. Prefill, chunked prefill, decode
 and recompute after preemption are all the same rule.
 
+A running decode of a built-in policy may belong to a :class:`~batchsim.engine.cohort.Cohort`:
+the decodes that advance together, one token per iteration. Its progress (computed and output
+tokens, KV blocks, token runs) is then kept by the cohort and read through the same attributes;
+assigning any of them takes the request out of the cohort first.
+
 This module imports nothing from the rest of batchsim.
 """
 
@@ -13,7 +18,10 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchsim.engine.cohort import Cohort
 
 NAN = math.nan
 
@@ -39,73 +47,236 @@ class RequestStatus(enum.IntEnum):
         return self >= RequestStatus.FINISHED
 
 
-@dataclass(slots=True, eq=False)
+_FIELDS = (
+    "request_id",
+    "arrival_time",
+    "num_prompt_tokens",
+    "max_tokens",
+    "cancel_time",
+    "status",
+    "num_computed_tokens",
+    "num_output_tokens",
+    "num_blocks",
+    "num_cpu_blocks",
+    "num_preemptions",
+    "num_swaps",
+    "first_scheduled_time",
+    "first_token_time",
+    "finish_time",
+    "reject_reason",
+    "user_id",
+    "last_token_iteration",
+    "token_segments",
+)
+
+
 class Request:
     """One inference request.
 
     Attributes are simulated times in seconds (NaN until the event happens) and token counts.
+
+    Attributes:
+        request_id: Index of the request in the workload.
+        arrival_time: When the request reached the engine (s).
+        num_prompt_tokens: Prompt length.
+        max_tokens: Output tokens to generate (the request ignores EOS, as benchmark clients
+            do).
+        cancel_time: When the client disconnects (s); ``inf`` if it never does.
+        status: Where the request is.
+        num_computed_tokens: Tokens whose KV is in the cache.
+        num_output_tokens: Tokens sampled so far.
+        num_blocks: KV-cache blocks held on the GPU.
+        num_cpu_blocks: KV-cache blocks swapped out to host memory.
+        num_preemptions: Times the request was preempted.
+        num_swaps: Preemptions that swapped the KV cache out (the rest recomputed it).
+        first_scheduled_time: Start of the first iteration that computed tokens for the
+            request (s).
+        first_token_time: End of the iteration that sampled its first token (s).
+        finish_time: When it finished or was cancelled (s).
+        reject_reason: Why it was rejected ('' if it was not).
+        user_id: Closed-loop workloads: the user who sent the request; -1 for open-loop
+            arrivals.
+        last_token_iteration: Index of the iteration that sampled the request's latest token
+            (-1: none yet).
+        token_segments: When the tokens came: runs of consecutive iterations that each sampled
+            one token of the request, as ``[first0, last0, first1, last1, ...]`` iteration
+            indices; the open last run ends at :attr:`last_token_iteration`. Inter-token gaps
+            are differences of those iterations' end times (see :mod:`batchsim.metrics.logs`).
     """
 
-    request_id: int
-    arrival_time: float
-    """When the request reached the engine (s)."""
-    num_prompt_tokens: int
-    max_tokens: int
-    """Output tokens to generate (the request ignores EOS, as benchmark clients do)."""
-    cancel_time: float = math.inf
-    """When the client disconnects (s); ``inf`` if it never does."""
-    status: RequestStatus = RequestStatus.WAITING
-    num_computed_tokens: int = 0
-    """Tokens whose KV is in the cache."""
-    num_output_tokens: int = 0
-    """Tokens sampled so far."""
-    num_blocks: int = 0
-    """KV-cache blocks held on the GPU."""
-    num_cpu_blocks: int = 0
-    """KV-cache blocks swapped out to host memory."""
-    num_preemptions: int = 0
-    num_swaps: int = 0
-    """Preemptions that swapped the KV cache out (the rest recomputed it)."""
-    first_scheduled_time: float = NAN
-    """Start of the first iteration that computed tokens for the request (s)."""
-    first_token_time: float = NAN
-    finish_time: float = NAN
-    reject_reason: str = ""
-    user_id: int = -1
-    """Closed-loop workloads: the user who sent the request; -1 for open-loop arrivals."""
-    last_token_iteration: int = -1
-    """Index of the iteration that sampled the request's latest token (-1: none yet)."""
-    token_segments: list[int] = field(default_factory=list)
-    """When the tokens came: runs of consecutive iterations that each sampled one token of
-    the request, as ``[first0, last0, first1, last1, ...]`` iteration indices; the open last
-    run ends at :attr:`last_token_iteration`. Inter-token gaps are differences of those
-    iterations' end times (see :mod:`batchsim.metrics.logs`)."""
+    __slots__ = (
+        "_blocks",
+        "_computed",
+        "_group",
+        "_joined",
+        "_last",
+        "_outputs",
+        "_segments",
+        "_ticket",
+        "arrival_time",
+        "cancel_time",
+        "finish_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "max_tokens",
+        "num_cpu_blocks",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "num_swaps",
+        "reject_reason",
+        "request_id",
+        "status",
+        "user_id",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        arrival_time: float,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        cancel_time: float = math.inf,
+        status: RequestStatus = RequestStatus.WAITING,
+        num_computed_tokens: int = 0,
+        num_output_tokens: int = 0,
+        num_blocks: int = 0,
+        num_cpu_blocks: int = 0,
+        num_preemptions: int = 0,
+        num_swaps: int = 0,
+        first_scheduled_time: float = NAN,
+        first_token_time: float = NAN,
+        finish_time: float = NAN,
+        reject_reason: str = "",
+        user_id: int = -1,
+        last_token_iteration: int = -1,
+        token_segments: list[int] | None = None,
+    ):
+        self.request_id = request_id
+        self.arrival_time = arrival_time
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.cancel_time = cancel_time
+        self.status = status
+        self._computed = num_computed_tokens
+        self._outputs = num_output_tokens
+        self._blocks = num_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.num_preemptions = num_preemptions
+        self.num_swaps = num_swaps
+        self.first_scheduled_time = first_scheduled_time
+        self.first_token_time = first_token_time
+        self.finish_time = finish_time
+        self.reject_reason = reject_reason
+        self.user_id = user_id
+        self._last = last_token_iteration
+        self._segments = [] if token_segments is None else token_segments
+        self._group: Cohort | None = None
+        self._joined = 0  # cohort step at which the request joined
+        self._ticket = 0  # which membership (a request may join, leave and join again)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
+        return f"Request({fields})"
+
+    # ----------------------------------------------------------- progress (cohort-aware)
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is in the cache."""
+        group = self._group
+        return self._computed if group is None else self._computed + group.steps
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        if self._group is not None:
+            self._group.detach(self)
+        self._computed = value
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens sampled so far."""
+        group = self._group
+        return self._outputs if group is None else self._outputs + group.steps
+
+    @num_output_tokens.setter
+    def num_output_tokens(self, value: int) -> None:
+        if self._group is not None:
+            self._group.detach(self)
+        self._outputs = value
+
+    @property
+    def num_blocks(self) -> int:
+        """KV-cache blocks held on the GPU."""
+        group = self._group
+        if group is None:
+            return self._blocks
+        return -(-(self._computed + group.steps + group.ahead) // group.block_size)
+
+    @num_blocks.setter
+    def num_blocks(self, value: int) -> None:
+        if self._group is not None:
+            self._group.detach(self)
+        self._blocks = value
+
+    @property
+    def last_token_iteration(self) -> int:
+        """Index of the iteration that sampled the request's latest token (-1: none yet)."""
+        group = self._group
+        if group is None or group.steps == self._joined:
+            return self._last
+        return group.last_iteration
+
+    @last_token_iteration.setter
+    def last_token_iteration(self, value: int) -> None:
+        if self._group is not None:
+            self._group.detach(self)
+        self._last = value
+
+    @property
+    def token_segments(self) -> list[int]:
+        """Runs of consecutive iterations that sampled a token each (see the class)."""
+        group = self._group
+        if group is None:
+            return self._segments
+        return group.segments_of(self)
+
+    @token_segments.setter
+    def token_segments(self, value: list[int]) -> None:
+        if self._group is not None:
+            self._group.detach(self)
+        self._segments = value
 
     def record_tokens(self, first_iteration: int, num_tokens: int, end_time: float) -> None:
         """One token sampled at each of ``num_tokens`` consecutive iterations from
         ``first_iteration``; the last of them ended at ``end_time``."""
-        last = self.last_token_iteration
+        if self._group is not None:
+            self._group.detach(self)
+        last = self._last
         if last < 0:  # the first token
             assert num_tokens == 1, "a first token comes from one iteration"
             self.first_token_time = end_time
-            self.token_segments.append(first_iteration)
+            self._segments.append(first_iteration)
         elif last != first_iteration - 1:  # a gap in iterations: a new run
-            self.token_segments += (last, first_iteration)
-        self.last_token_iteration = first_iteration + num_tokens - 1
-        self.num_output_tokens += num_tokens
+            self._segments += (last, first_iteration)
+        self._last = first_iteration + num_tokens - 1
+        self._outputs += num_tokens
 
     def closed_segments(self) -> list[int]:
         """:attr:`token_segments` with the open last run closed."""
-        if self.last_token_iteration < 0:
+        last = self.last_token_iteration
+        if last < 0:
             return []
-        return [*self.token_segments, self.last_token_iteration]
+        return [*self.token_segments, last]
 
     @property
     def num_tokens(self) -> int:
         """Length of the known sequence: prompt plus sampled tokens."""
-        return self.num_prompt_tokens + self.num_output_tokens
+        group = self._group
+        if group is None:
+            return self.num_prompt_tokens + self._outputs
+        return self.num_prompt_tokens + self._outputs + group.steps
 
     @property
     def num_remaining_tokens(self) -> int:
         """Tokens of the known sequence not yet in the KV cache."""
-        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+        # a cohort moves computed and output tokens together: their difference is stored
+        return self.num_prompt_tokens + self._outputs - self._computed

@@ -14,7 +14,16 @@ longer. This module is the one home of that shortcut:
   priced and logged as a few *runs* of equal time whose FLOPs and bytes grow by a fixed step.
   The KV blocks the requests need are taken in one call,
   :meth:`~batchsim.engine.kv_cache.KVCacheManager.grow`, when the scheduler applies the
-  stretch.
+  stretch. When the batch is a built-in policy's cohort
+  (:mod:`batchsim.engine.cohort`), the stretch's length, KV growth and usage come from the
+  cohort's counts by block offset, whatever the batch size.
+- Prompt chunks: chunked prefill's iterations of the cohort's decodes and one prompt's
+  chunk that takes the rest of the token budget repeat too (nothing can be admitted), each
+  chunk as long and further along the prompt, up to its last chunk
+  (:meth:`~batchsim.scheduler.Scheduler.prompt_chunk_repeat`, honoured only next to the
+  ``schedule()`` that promises it). Their times are not equal, so each is priced on its own
+  (:meth:`~batchsim.cost.RooflineCostModel.step_cost`, as stepping does) and logged as a
+  run of one.
 
 ``engine.fast_forward: false`` steps one iteration at a time; the results are identical
 (tested row by row).
@@ -27,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from batchsim.cost import IterationCost, RooflineCostModel
+from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
+from batchsim.cost.costs import StepCost
 from batchsim.metrics.logs import IterationLog
-from batchsim.scheduler.interface import Scheduler
+from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
 if TYPE_CHECKING:
@@ -65,7 +75,11 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     policy (:meth:`~Scheduler.policy_max_repeat`). 1 for anything but pure decode and for an
     iteration that preempted or swapped. External events are the engine's to cut.
     """
-    if not output.is_decode_only or output.num_prefill_seqs or output.has_side_work:
+    if output.num_prefill_seqs:
+        if output.num_prefill_seqs == 1 and not output.has_side_work:
+            return prompt_chunk_repeat(scheduler, output)
+        return 1
+    if not output.num_decode_seqs or output.has_side_work:
         return 1  # preemptions and swaps belong to one iteration
     kv = scheduler.kv_cache
     if scheduler.swapped and len(scheduler.running) < scheduler.max_num_seqs:
@@ -73,7 +87,18 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         if kv.can_swap_in(head, head.num_computed_tokens + 1):
             return 1  # the next schedule() may resume it; free blocks only shrink later
     requests = output.requests
-    steps = min(r.max_tokens - r.num_output_tokens for r in requests)
+    batch = scheduler.cohort_batch(output)
+    if batch is not None and batch.pure:  # the cohort alone: no look at each request
+        steps = min(batch.cohort.min_remaining(), scheduler.policy_max_repeat(output))
+        if steps <= 1:
+            return max(1, steps)
+        if batch.members * ((steps - 1) // kv.block_size + 1) <= kv.num_free_blocks:
+            return steps  # room for a new block per member at every block boundary
+        return max(1, kv.max_growth_from_offsets(batch.cohort.offsets(), steps))
+    if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):
+        steps = min(r.max_tokens - r._outputs for r in requests)  # none is in a cohort
+    else:
+        steps = min(r.max_tokens - r.num_output_tokens for r in requests)
     steps = min(steps, scheduler.policy_max_repeat(output))
     if steps <= 1 or scheduler.reserves_full_sequence:
         return max(1, steps)
@@ -87,6 +112,34 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         if freed.size:
             steps = int(freed[0])
     return max(1, steps)
+
+
+def prompt_chunks_allowed(policy: type[Scheduler]) -> bool:
+    """Whether ``policy`` fast-forwards prompt chunks: its ``schedule`` is defined by the
+    class that defines :meth:`~Scheduler.prompt_chunk_repeat` (a subclass that overrides
+    ``schedule()`` does not inherit it)."""
+    allowed = _CHUNKS_ALLOWED.get(policy)
+    if allowed is None:
+        allowed = False
+        for klass in policy.__mro__:
+            if "schedule" in klass.__dict__:
+                allowed = "prompt_chunk_repeat" in klass.__dict__
+                break
+        _CHUNKS_ALLOWED[policy] = allowed
+    return allowed
+
+
+_CHUNKS_ALLOWED: dict[type, bool] = {}
+
+
+def prompt_chunk_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
+    """How many consecutive iterations would run exactly this iteration of decodes and one
+    non-final prompt chunk, each decode one token further and the chunk as long, further
+    along its prompt (:meth:`~Scheduler.prompt_chunk_repeat`; 1 for a policy that does not
+    promise it with its ``schedule()``)."""
+    if not prompt_chunks_allowed(type(scheduler)):
+        return 1
+    return max(1, scheduler.prompt_chunk_repeat(output))
 
 
 class StretchRunner:
@@ -103,12 +156,16 @@ class StretchRunner:
             slopes.kv_bytes,
             slopes.compute_time - slopes.memory_time,
         )
+        self._deltas: dict[int, tuple[float, float, float, float]] = {}  # per decode rows
 
     def run(self, output: SchedulerOutput, now: float, num_steps: int, event: float) -> StepTimes:
         """Run up to ``num_steps`` iterations of the decode-only ``output`` from ``now``;
         stop at the first one that ends at or after the external ``event`` time."""
         engine = self.engine
         first = self.log.num_rows
+        if output.num_prefill_seqs:
+            done, end = self._run_chunks(output, now, num_steps, event)
+            return StepTimes(first, now, end, done)
         window = engine.scheduler.window
         if self.cost_model.ideal or (
             window is not None
@@ -125,12 +182,15 @@ class StretchRunner:
         """Steps priced as runs of equal time (contexts that no window caps)."""
         engine = self.engine
         shape = output.shape
-        rows = shape.num_decode_rows
-        cpu = engine.cpu_time(output.num_seqs)
+        rows = shape.num_decode_tokens + shape.num_padding_seqs
+        cpu = engine.cpu_time(len(output.requests))
         batch = engine.batch_row(output, cpu)
         overlap = engine.options.async_scheduling
         back_to_back = engine.back_to_back(now)
-        deltas = tuple(rows * slope for slope in self._slopes)
+        deltas = self._deltas.get(rows)
+        if deltas is None:
+            deltas = self._deltas[rows] = tuple(rows * slope for slope in self._slopes)
+        price = self.cost_model.decode_run_step
         runs: list[tuple] = []
         start = now
         done = 0
@@ -140,11 +200,17 @@ class StretchRunner:
                 if done == 0
                 else shape.with_decode_context(shape.kv_read_tokens + rows * done)
             )
-            cost, same = self.cost_model.decode_run(at)
-            if overlap and done == 0 and not back_to_back:  # nothing to hide the CPU behind
-                same = 1
-            duration = engine.duration(cpu, cost.time, overlap and (done > 0 or back_to_back))
-            steps = min(same, num_steps - done)
+            cost, same = price(at)
+            gpu = cost.time
+            if overlap and (done or back_to_back):  # the CPU work hides behind the GPU
+                duration = cpu if cpu > gpu else gpu
+            else:
+                duration = cpu + gpu
+                if overlap:  # nothing to hide the CPU behind at the first step
+                    same = 1
+            steps = num_steps - done
+            if same < steps:
+                steps = same
             cut = start + duration * steps >= event
             if cut:
                 steps = _steps_until(start, duration, event, steps)
@@ -156,11 +222,103 @@ class StretchRunner:
         self.log.add_runs(runs, self._usage(output, done))
         return done, start
 
+    def _run_chunks(
+        self, output: SchedulerOutput, now: float, num_steps: int, event: float
+    ) -> tuple[int, float]:
+        """Iterations of the cohort's decodes and one prompt's chunks of q tokens (the last
+        one maybe shorter): each step reads one more cached token per decode and q more for
+        the chunk, whose pairs grow by q x q; each is priced on its own, as stepping would."""
+        engine = self.engine
+        scheduler = engine.scheduler
+        batch = scheduler.cohort_batch(output)
+        chunk = None if batch is None else prompt_chunk_of(output, batch)
+        assert batch is not None and chunk is not None, "not a stretch of prompt chunks"
+        request, q = chunk
+        remaining = request.num_remaining_tokens
+        full = -(-remaining // q) - 1  # steps with a whole chunk
+        shape = output.shape
+        decodes = shape.num_decode_tokens
+        computed = request.num_computed_tokens
+        cpu = engine.cpu_time(len(output.requests))
+        row = engine.batch_row(output, cpu)
+        overlap = engine.options.async_scheduling
+        back_to_back = engine.back_to_back(now)
+        step_cost = self.cost_model.step_cost
+        kv_step, pairs_step = decodes + q, decodes + q * q
+        member_pairs = shape.attn_pairs - (q * computed + q * (q + 1) // 2)
+        runs: list[tuple] = []
+        start = now
+        done = 0
+        while done < num_steps:
+            at = shape
+            if done == full:  # the prompt's last chunk: shorter, and it samples
+                last = remaining - full * q
+                context = computed + full * q
+                at = BatchShape(
+                    shape.num_seqs,
+                    last,
+                    decodes,
+                    0,
+                    shape.num_sampled_tokens + 1,
+                    shape.kv_read_tokens + full * kv_step,
+                    member_pairs + full * decodes + last * context + last * (last + 1) // 2,
+                )
+                tokens = list(output.num_scheduled_tokens)
+                tokens[-1] = last
+                final = SchedulerOutput(
+                    output.requests,
+                    tokens,
+                    at,
+                    num_prefill_seqs=1,
+                    num_decode_seqs=output.num_decode_seqs,
+                    num_slots=output.num_slots,
+                    num_output_tokens=output.num_output_tokens + 1,
+                )
+                row = engine.batch_row(final, cpu)
+            elif done:
+                at = BatchShape(
+                    shape.num_seqs,
+                    q,
+                    decodes,
+                    0,
+                    shape.num_sampled_tokens,
+                    shape.kv_read_tokens + done * kv_step,
+                    shape.attn_pairs + done * pairs_step,
+                )
+            cost = step_cost(at)
+            gpu = cost.time
+            if overlap and (done or back_to_back):
+                duration = cpu if cpu > gpu else gpu
+            else:
+                duration = cpu + gpu
+            runs.append(run_row(start, 1, duration, cost, row))
+            start = start + duration
+            done += 1
+            if start >= event:
+                break
+        # KV usage at each step: the cohort's growth and the chunks' blocks
+        kv = scheduler.kv_cache
+        offsets = batch.cohort.offsets()  # growth_from_offsets(), inlined
+        members = offsets[0]
+        total = kv.num_blocks
+        used = total - kv.num_free_blocks
+        held, bs = request.num_blocks, kv.block_size
+        usage = []
+        for k in range(1, done + 1):
+            blocks = -(-(computed + (k * q if k <= full else remaining)) // bs) - held
+            grown = members * ((k - 1) // bs) + offsets[bs - (k - 1) % bs]
+            usage.append((used + grown + (blocks if blocks > 0 else 0)) / total)
+        self.log.add_runs(runs, np.array(usage))
+        return done, start
+
     def _usage(self, output: SchedulerOutput, num_steps: int) -> Any:
         """KV-cache usage at each step (constant when admission reserved everything)."""
         scheduler = self.engine.scheduler
         if scheduler.reserves_full_sequence:
             return scheduler.kv_cache.usage
+        batch = scheduler.cohort_batch(output)
+        if batch is not None and batch.pure:
+            return scheduler.kv_cache.usage_from_offsets(batch.cohort.offsets(), num_steps)
         return scheduler.kv_cache.usage_during_growth(output.requests, num_steps)
 
     def _run_arrays(
@@ -250,27 +408,31 @@ class StretchRunner:
         return cost, durations
 
 
+_NO_DELTAS = (0.0, 0.0, 0.0, 0.0)
+
+
 def run_row(
     start: float,
     steps: int,
     duration: float,
-    cost: IterationCost,
+    cost: StepCost,
     batch: tuple,
-    deltas: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+    deltas: tuple[float, float, float, float] = _NO_DELTAS,
 ) -> tuple:
     """A row of :data:`~batchsim.metrics.logs.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
     iterations of ``duration`` from ``start``, the first costing ``cost``, each next one
     adding ``deltas`` (FLOPs, bytes, KV bytes, bound margin)."""
+    time, flops, nbytes, weight_bytes, kv_bytes, margin = cost
     return (
         start,
         steps,
         duration,
-        cost.time * 1e3,
-        cost.flops,
-        cost.bytes,
-        cost.weight_bytes,
-        cost.kv_bytes,
-        cost.compute_time - cost.memory_time,
+        time * 1e3,
+        flops,
+        nbytes,
+        weight_bytes,
+        kv_bytes,
+        margin,
         *deltas,
         *batch,
     )

@@ -22,7 +22,7 @@ class ChunkedPrefillScheduler(Scheduler):
 
     def schedule(self, now: float) -> SchedulerOutput:
         preempted: list[Request] = []
-        requests, tokens, budget = self.schedule_running(
+        requests, tokens, budget, batch = self._schedule_running_batch(
             self.config.max_num_batched_tokens, preempted
         )
         if not preempted and self.swapped:
@@ -38,7 +38,12 @@ class ChunkedPrefillScheduler(Scheduler):
                 requests.append(request)
                 tokens.append(q)
                 budget -= q
-        return self.make_output(requests, tokens, preempted=preempted)
+        return self._batch_output(requests, tokens, preempted, batch)
+
+    def prompt_chunk_repeat(self, output: SchedulerOutput) -> int:
+        # A non-final chunk takes what the decodes leave of the budget: the next iteration
+        # admits and resumes nothing, and its chunk is as long while the prompt lasts.
+        return self._chunk_stretch_limit(output)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
         # A waiting request that could be admitted would change the next iteration (free

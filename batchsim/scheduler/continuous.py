@@ -76,17 +76,17 @@ class ContinuousScheduler(Scheduler):
                 prefill_tokens: list[int] = []
                 self._admit_prefills(budget, len(self.running), prefills, prefill_tokens)
                 if prefills:
-                    return self.make_output(prefills, prefill_tokens)
-            requests, tokens, left = self.schedule_running(budget, preempted)
+                    return self._batch_output(prefills, prefill_tokens, preempted, None)
+            requests, tokens, left, batch = self._schedule_running_batch(budget, preempted)
             if not preempted and self.swapped:
                 self.schedule_swapped(left, requests, tokens)
-            return self.make_output(requests, tokens, preempted=preempted)
-        requests, tokens, left = self.schedule_running(budget, preempted)
+            return self._batch_output(requests, tokens, preempted, batch)
+        requests, tokens, left, batch = self._schedule_running_batch(budget, preempted)
         if not preempted and self.swapped:
             left = self.schedule_swapped(left, requests, tokens)
         if not preempted and not self.swapped and left > 0:
             self._admit_prefills(left, len(self.running), requests, tokens)
-        return self.make_output(requests, tokens, preempted=preempted)
+        return self._batch_output(requests, tokens, preempted, batch)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
         # A waiting request that could be admitted would change the next iteration (free

@@ -25,10 +25,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from batchsim.cost import BatchShape
+from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager, num_blocks_for
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
-from batchsim.scheduler.output import SchedulerOutput, StepTimes
+from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
 from batchsim.validation import (
     MAX_BATCH_TOKENS,
     MAX_MS,
@@ -128,6 +129,22 @@ class Scheduler(abc.ABC):
         """True while no further arrival is known (see :meth:`set_end_of_input`)."""
         self._swap_in_blocks = 0  # copied during the current schedule_iteration()
         self._swap_out_blocks = 0
+        policy = type(self)
+        self._own_helpers = (
+            policy.schedule_running is Scheduler.schedule_running
+            and policy.make_output is Scheduler.make_output
+        )
+        """The helpers are this module's (a subclass that overrides one has it called)."""
+        self._cohort: Cohort | None = None
+        """The running decodes advanced together (built-in policies that grow KV blocks as
+        they decode, without a sliding window; see :mod:`batchsim.engine.cohort`)."""
+        if (
+            window is None
+            and kv_cache.window is None
+            and not self.reserves_full_sequence
+            and self._own_helpers
+        ):
+            self._cohort = Cohort(kv_cache.block_size)
 
     @classmethod
     def check_config(cls, config: SchedulerConfig) -> None:
@@ -222,46 +239,56 @@ class Scheduler(abc.ABC):
         """Apply ``output``'s iterations (``times.num_steps`` of them, more than one only for
         a decode-only output of a policy with :attr:`decode_stretches`); return the requests
         that finished."""
+        batch = self.cohort_batch(output)
+        if batch is not None:
+            return self._apply_batch(output, batch, times)
+        requests = output.requests
+        cohort = self._cohort
+        if cohort is not None and cohort.n:  # request by request: members go their own way
+            for request in requests:
+                if request._group is not None:
+                    request._group.detach(request)
+        # no request of the iteration is in a cohort: their progress is their own fields
         finished: list[Request] = []
         first, end = times.first_iteration, times.end
         num_steps = times.num_steps
         if num_steps == 1:
             start = times.start
-            for request, num_new in zip(output.requests, output.num_scheduled_tokens):
+            for request, num_new in zip(requests, output.num_scheduled_tokens):
                 if request.status != RequestStatus.RUNNING:
                     continue  # preempted later in the same schedule() call
                 if request.first_scheduled_time != request.first_scheduled_time:  # NaN
                     request.first_scheduled_time = start
-                request.num_computed_tokens += num_new
-                if (
-                    request.num_computed_tokens
-                    < request.num_prompt_tokens + request.num_output_tokens
-                ):
+                computed = request._computed + num_new
+                request._computed = computed
+                if computed < request.num_prompt_tokens + request._outputs:
                     continue  # a non-final prompt chunk samples nothing
-                if request.last_token_iteration == first - 1 >= 0:  # its token run goes on
-                    request.last_token_iteration = first
-                    request.num_output_tokens += 1
+                if request._last == first - 1 >= 0:  # its token run goes on
+                    request._last = first
+                    request._outputs += 1
                 else:
                     request.record_tokens(first, 1, end)
-                if request.num_output_tokens >= request.max_tokens:
+                if request._outputs >= request.max_tokens:
                     finished.append(request)
         else:
-            requests = output.requests
             if not self.reserves_full_sequence:
                 self.kv_cache.grow(requests, num_steps)
             for request in requests:
-                request.num_computed_tokens += num_steps
+                request._computed += num_steps
                 request.record_tokens(first, num_steps, end)
-                if request.num_output_tokens >= request.max_tokens:
-                    assert request.num_output_tokens == request.max_tokens, "stretch overshot"
+                if request._outputs >= request.max_tokens:
+                    assert request._outputs == request.max_tokens, "stretch overshot"
                     finished.append(request)
+        self._finish(finished, end)
+        return finished
+
+    def _finish(self, finished: list[Request], end: float) -> None:
         for request in finished:
             request.status = RequestStatus.FINISHED
             request.finish_time = end
             self.kv_cache.free(request)
             self.running.remove(request)
             self.on_request_left(request)
-        return finished
 
     def on_request_left(self, request: Request) -> None:
         """Hook: ``request`` finished or was cancelled (request-level policies track slots)."""
@@ -295,11 +322,15 @@ class Scheduler(abc.ABC):
         decode: list[bool] = []
         sampled: list[bool] = []
         num_outputs = num_decode = 0
+        plain = self._cohort is None or not self._cohort.n  # no request is in a cohort
         for request, q in zip(requests, num_tokens):
-            c = request.num_computed_tokens
-            left = request.num_prompt_tokens + request.num_output_tokens - c
+            if plain:
+                c, outputs = request._computed, request._outputs
+            else:
+                c, outputs = request.num_computed_tokens, request.num_output_tokens
+            left = request.num_prompt_tokens + outputs - c
             computed.append(c)
-            is_decode = left == 1 and request.num_output_tokens > 0
+            is_decode = left == 1 and outputs > 0
             decode.append(is_decode)
             num_decode += is_decode
             samples = q == left
@@ -423,3 +454,326 @@ class Scheduler(abc.ABC):
             token_budget -= q
             i += 1
         return requests, tokens, token_budget
+
+    # ------------------------------------------------- the cohort (built-in policies only)
+    # The built-in continuous and chunked-prefill policies schedule their running requests
+    # with _schedule_running_batch() and build the iteration with _batch_output(): the same
+    # iteration as schedule_running() and make_output() would, with the cohort's members
+    # handled as one (constant work per iteration however many they are). Whatever those
+    # cannot decide without looking at every request (a preemption, a budget that ends
+    # among the members) goes the general way.
+    def cohort_batch(self, output: SchedulerOutput) -> CohortBatch | None:
+        """How ``output`` was built around the cohort, while that still holds (else None)."""
+        batch = output.batch
+        if (
+            batch is None
+            or batch.version != batch.cohort.version
+            or not batch.cohort.ahead
+            or output.requests is not batch.requests
+            or len(batch.requests) != batch.size
+        ):
+            return None
+        return batch
+
+    def prompt_chunk_repeat(self, output: SchedulerOutput) -> int:
+        """For a policy whose :meth:`schedule` is defined next to this method: how many
+        consecutive iterations would run ``output`` again, each decode one token further and
+        its one prompt chunk as long, further along the prompt (1: none; see
+        :mod:`batchsim.engine.stretch`)."""
+        return 1
+
+    def _chunk_stretch_limit(self, output: SchedulerOutput) -> int:
+        """How many consecutive iterations would repeat ``output`` when it is the cohort and,
+        after it, one request's non-final prompt chunk taking the rest of the token budget.
+        No budget is left, so nothing is admitted or resumed: the next iterations are the
+        same, each chunk as long, up to the prompt's last chunk (included when nothing waits,
+        is swapped out or runs unscheduled, so that its leftover budget has no taker), the first
+        member's last token, or KV blocks running short (which would preempt)."""
+        batch = self.cohort_batch(output)
+        if batch is None or output.has_side_work:
+            return 1
+        chunk = prompt_chunk_of(output, batch)
+        if chunk is None:
+            return 1
+        request, q = chunk
+        remaining = request.num_remaining_tokens
+        if remaining <= q:
+            return 1  # the prompt's last chunk
+        full = -(-remaining // q) - 1  # iterations with a whole chunk, this one included
+        alone = not self.waiting and not self.swapped and len(self.running) == batch.members + 1
+        steps = full + 1 if alone else full  # the last chunk's leftover budget is not taken
+        steps = min(steps, batch.cohort.min_remaining())
+        if steps <= 1:
+            return 1
+        kv = self.kv_cache
+        offsets = batch.cohort.offsets()
+        computed, held, bs = request._computed, request._blocks, kv.block_size
+
+        def need(k: int) -> int:  # blocks the iterations after the first take
+            tokens = k * q if k <= full else remaining
+            blocks = -(-(computed + tokens) // bs) - held
+            return kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
+
+        free = kv.num_free_blocks
+        prompt_blocks = max(0, -(-(computed + remaining) // bs) - held)
+        most = batch.members * ((steps - 1) // bs + 1) + prompt_blocks  # >= need(steps)
+        if most <= free or need(steps) <= free:
+            return steps
+        lo, hi = 1, steps  # need(lo) <= free, need(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _promote(self, cohort: Cohort) -> list[tuple[int, Request]]:
+        """Let the running decodes outside the cohort join it; return (position, request)
+        of the running requests still outside."""
+        loose: list[tuple[int, Request]] = []
+        for i, request in enumerate(self.running):
+            if request._group is cohort:
+                continue
+            if cohort.can_join(request):
+                cohort.join(request)
+            else:
+                loose.append((i, request))
+        return loose
+
+    def _schedule_running_batch(
+        self, token_budget: int, preempted: list[Request]
+    ) -> tuple[list[Request], list[int], int, CohortBatch | None]:
+        """:meth:`schedule_running`, and how the iteration is built around the cohort (None:
+        built the general way)."""
+        cohort = self._cohort
+        running = self.running
+        n = len(running)
+        if cohort is not None and cohort.n == n and 0 < n <= token_budget:
+            # every running request is a member (most iterations): one token each
+            kv = self.kv_cache
+            need = 0 if cohort.ahead else cohort.crossing()
+            if need <= kv.num_free_blocks:
+                kv.num_free_blocks -= need
+                cohort.ahead = 1
+                batch = CohortBatch(cohort, cohort.version, n, [], n)
+                return running.copy(), [1] * n, token_budget - n, batch
+        if cohort is not None and n and token_budget > 0:
+            loose = self._promote(cohort) if cohort.n != n else []
+            scheduled = self._schedule_around(cohort, loose, token_budget) if cohort.n else None
+            if scheduled is not None:
+                cut, chunks, left = scheduled
+                tokens = [1] * cut
+                for i, _, q in chunks:
+                    tokens[i] = q
+                batch = CohortBatch(cohort, cohort.version, cohort.n, chunks, cut)
+                return running[:cut], tokens, left, batch
+        return (*self.schedule_running(token_budget, preempted), None)
+
+    def _schedule_around(
+        self, cohort: Cohort, loose: list[tuple[int, Request]], token_budget: int
+    ) -> tuple[int, list[tuple[int, Request, int]], int] | None:
+        """Schedule the running requests as :meth:`schedule_running` would when that needs
+        no preemption and takes every cohort member: return (how many running requests,
+        from the front, are scheduled; (position, request, tokens) of those outside the
+        cohort; budget left), having taken their KV blocks. None (nothing changed) if it
+        would preempt or leave a member out."""
+        kv = self.kv_cache
+        bs = kv.block_size
+        n = len(self.running)
+        need = 0 if cohort.ahead else cohort.crossing()
+        left = token_budget
+        chunks: list[tuple[int, Request, int]] = []
+        cut = n
+        prev = 0  # first position after the last request outside the cohort
+        for i, request in loose:
+            members = i - prev  # one token each
+            if members >= left:  # the budget ends among them (or right after them)
+                if members > left:
+                    return None
+                cut = i
+                left = 0
+                break
+            left -= members
+            computed = request._computed
+            q = request.num_prompt_tokens + request._outputs - computed
+            if q > left:
+                q = left
+            extra = -(-(computed + q) // bs) - request._blocks
+            if extra > 0:
+                need += extra
+            chunks.append((i, request, q))
+            left -= q
+            prev = i + 1
+            if left <= 0:
+                cut = prev
+                break
+        else:
+            members = n - prev
+            if members > left:
+                return None
+            left -= members
+        if cut < n and n - cut > sum(1 for i, _ in loose if i >= cut):
+            return None  # a member after the cut would not run
+        if need > kv.num_free_blocks:
+            return None  # schedule_running() would preempt
+        for _, request, q in chunks:
+            total = request._computed + q
+            if -(-total // bs) > request._blocks:
+                allocated = kv.allocate(request, total)
+                assert allocated, "the blocks were counted above"
+        if not cohort.ahead:
+            kv.num_free_blocks -= cohort.crossing()
+            cohort.ahead = 1
+        return cut, chunks, left
+
+    def _batch_output(
+        self,
+        requests: list[Request],
+        tokens: list[int],
+        preempted: list[Request],
+        batch: CohortBatch | None,
+    ) -> SchedulerOutput:
+        """:meth:`make_output` of an iteration built by :meth:`_schedule_running_batch` (and
+        requests added after the running ones), or of any requests (``batch`` None)."""
+        if batch is None:
+            if self.window is not None or not self._own_helpers:
+                return self.make_output(requests, tokens, preempted=preempted)
+            members = kv_read = 0
+            others = list(zip(range(len(requests)), requests, tokens))
+        elif not batch.loose and len(requests) == batch.tail:  # the cohort alone
+            members = batch.members
+            kv_read = batch.cohort.context_tokens()
+            shape = BatchShape(members, 0, members, 0, members, kv_read, kv_read + members, 0)
+            batch.requests, batch.size = requests, members
+            return SchedulerOutput(
+                requests, tokens, shape, 0, members, members, members, preempted, batch=batch
+            )
+        else:
+            members = batch.members
+            kv_read = batch.cohort.context_tokens()
+            others = batch.loose
+            if len(requests) > batch.tail:
+                others = others + [
+                    (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
+                ]
+        decodes = num_decode = sampled = members
+        pairs = kv_read + members
+        prefill = 0
+        for _, request, q in others:
+            computed = request.num_computed_tokens
+            outputs = request.num_output_tokens
+            left = request.num_prompt_tokens + outputs - computed
+            if left == 1 and outputs > 0:
+                decodes += q
+                num_decode += 1
+            else:
+                prefill += q
+            sampled += q == left
+            kv_read += computed
+            pairs += q * computed + q * (q + 1) // 2
+        n = len(requests)
+        shape = BatchShape(n, prefill, decodes, 0, sampled, kv_read, pairs, 0)
+        if batch is not None:
+            batch.requests, batch.size = requests, n
+        return SchedulerOutput(
+            requests,
+            tokens,
+            shape,
+            num_prefill_seqs=n - num_decode,
+            num_decode_seqs=num_decode,
+            num_slots=n,
+            num_output_tokens=sampled,
+            preempted=preempted,
+            batch=batch,
+        )
+
+    def _apply_batch(
+        self, output: SchedulerOutput, batch: CohortBatch, times: StepTimes
+    ) -> list[Request]:
+        """:meth:`update_from_output` of an iteration built around the cohort."""
+        cohort = batch.cohort
+        kv = self.kv_cache
+        num_steps, first, end = times.num_steps, times.first_iteration, times.end
+        if num_steps > 1:
+            kv.num_free_blocks -= kv.growth_from_offsets(cohort.offsets(), num_steps)
+        cohort.tick(first, num_steps)
+        requests = output.requests
+        others = batch.loose
+        if len(requests) > batch.tail:
+            tokens = output.num_scheduled_tokens
+            others = others + [
+                (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
+            ]
+        done: list[tuple[int, Request]] = []
+        if others and num_steps == 1:
+            for i, request, num_new in others:
+                if request.status != RequestStatus.RUNNING:
+                    continue
+                if request.first_scheduled_time != request.first_scheduled_time:  # NaN
+                    request.first_scheduled_time = times.start
+                request.num_computed_tokens += num_new
+                if request.num_remaining_tokens > 0:
+                    continue  # a non-final prompt chunk samples nothing
+                request.record_tokens(first, 1, end)
+                if request.num_output_tokens >= request.max_tokens:
+                    done.append((i, request))
+        elif others:  # a stretch: decodes outside the cohort, or a prompt's chunks
+            decodes = [item for item in others if item[1].num_remaining_tokens == item[2] == 1]
+            for i, request, q in others:
+                remaining = request.num_remaining_tokens
+                if remaining > q:  # chunks of q tokens, and maybe the prompt's last one
+                    if request.first_scheduled_time != request.first_scheduled_time:
+                        request.first_scheduled_time = times.start
+                    full = -(-remaining // q) - 1
+                    assert num_steps <= full + 1, "a stretch past the prompt's last chunk"
+                    computed = num_steps * q if num_steps <= full else remaining
+                    allocated = kv.allocate(request, request.num_computed_tokens + computed)
+                    assert allocated, "a stretch of prompt chunks without its KV blocks"
+                    request.num_computed_tokens += computed
+                    if computed == remaining:  # the last chunk samples
+                        request.record_tokens(first + num_steps - 1, 1, end)
+                        if request.num_output_tokens >= request.max_tokens:
+                            done.append((i, request))
+            kv.grow([r for _, r, _ in decodes], num_steps)
+            for i, request, _ in decodes:
+                request.num_computed_tokens += num_steps
+                request.record_tokens(first, num_steps, end)
+                if request.num_output_tokens >= request.max_tokens:
+                    assert request.num_output_tokens == request.max_tokens, "stretch overshot"
+                    done.append((i, request))
+        members = cohort.pop_finished()
+        if members:
+            if len(members) > 8:
+                where = {id(r): i for i, r in enumerate(requests)}
+                done += [(where[id(r)], r) for r in members]
+            else:
+                done += [(requests.index(r), r) for r in members]
+            for r in members:
+                cohort.detach(r)
+        if not done:
+            return []
+        done.sort(key=lambda item: item[0])
+        finished = [r for _, r in done]
+        self._finish(finished, end)
+        return finished
+
+
+def prompt_chunk_of(output: SchedulerOutput, batch: CohortBatch) -> tuple[Request, int] | None:
+    """(request, tokens) of the one request after the cohort's members in ``output``: a
+    running request outside the cohort or one added after the running ones (None if the
+    iteration is not the cohort and one such request)."""
+    members = batch.members
+    if len(output.requests) != members + 1:
+        return None
+    if batch.loose:
+        if len(batch.loose) != 1 or batch.tail != members + 1 or batch.loose[0][0] != members:
+            return None
+        _, request, q = batch.loose[0]
+    elif batch.tail == members:
+        request, q = output.requests[members], output.num_scheduled_tokens[members]
+    else:
+        return None
+    if request._group is not None:
+        return None
+    return request, q
