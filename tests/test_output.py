@@ -484,36 +484,25 @@ def check_stored_column(kind: str, dtype: str, n: int, seed: int) -> None:
     np.testing.assert_array_equal(store.column("x", lo, hi).view(bits), values[lo:hi].view(bits))
 
 
-def test_the_summary_is_the_same_when_the_log_hands_its_token_runs_over():
+def test_the_summary_is_the_same_when_the_log_hands_its_token_runs_over(monkeypatch):
+    from batchsim import simulation
     from batchsim.metrics.summary import summarize
 
-    config = load_experiment(EXPERIMENT)
-    result = simulate(config)
-    # a second simulation, summarized with copies of the token runs
-    from batchsim import simulation
+    logs_seen = []
 
-    captured: dict[str, Any] = {}
-    original = simulation.summarize
-
-    def keep(request_log: Any, iterations: Any, **kwargs: Any) -> Any:
-        captured["log"], captured["iterations"], captured["kwargs"] = (
-            request_log,
-            iterations,
-            kwargs,
-        )
-        copy = summarize(request_log, iterations, **{**kwargs, "hand_over": False})
-        handed = original(request_log, iterations, **kwargs)
-        assert same_summary(copy, handed)
+    def both_ways(request_log: Any, iterations: Any, **kwargs: Any) -> Any:
+        assert kwargs["hand_over"]  # simulate() hands the token runs over
+        copied = summarize(request_log, iterations, **{**kwargs, "hand_over": False})
+        handed = summarize(request_log, iterations, **kwargs)
+        assert same_summary(copied, handed)
+        logs_seen.append(request_log)
         return handed
 
-    simulation.summarize = keep
-    try:
-        again = simulate(config)
-    finally:
-        simulation.summarize = original
-    assert same_summary(again.summary, result.summary)
+    monkeypatch.setattr(simulation, "summarize", both_ways)
+    simulate(load_experiment(EXPERIMENT))
+    (log,) = logs_seen
     with pytest.raises(RuntimeError, match="handed over"):
-        captured["log"].token_runs(np.ones(captured["log"].num_rows, dtype=bool))
+        log.token_runs(np.ones(log.num_rows, dtype=bool))
 
 
 def test_a_points_key_changes_with_its_output_block_only_when_it_is_not_the_default():
