@@ -104,9 +104,12 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from batchsim.config import ExperimentSource, parse_override
+    from batchsim.progress import RunProgress
     from batchsim.simulation import check_output_dir, simulate
 
     overrides = dict(parse_override(item) for item in args.set)
+    if args.format is not None:  # the same as --set output.format=FORMAT, given last
+        overrides["output.format"] = args.format
     source = ExperimentSource.read(args.experiment)
     config = source.load(overrides)
     if "sweep" in source.studies:
@@ -117,15 +120,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     out_dir = Path(args.output) if args.output else Path("runs") / config.name
     check_output_dir(out_dir)  # before simulating: a long run must not end in a refusal
-    result = simulate(config, Path(args.experiment).parent)
-    for note in result.notes:
-        print(f"note: {note}", file=sys.stderr)
-    result.write(out_dir)
+    progress = RunProgress.for_terminal()
+    try:
+        result = simulate(config, Path(args.experiment).parent, progress)
+        if progress is not None:
+            progress.close()  # the notes on a line of their own
+        for note in result.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if progress is not None:
+            progress.stage(f"writing {out_dir}")
+        result.write(out_dir)
+    finally:
+        if progress is not None:
+            progress.close()
     print(
         f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"
     )
     print_summary(result.summary)
-    print(f"  wrote {out_dir}/{{summary.json,requests.csv,iterations.csv,config.yaml}}")
+    print(f"  wrote {out_dir}/{{{','.join(result.files)}}}")
+    sample = config.output.iteration_sample
+    if sample is not None and sample < result.summary["num_iterations"]:
+        print(
+            f"  iterations.{config.output.format}: a sample of {sample:,} of "
+            f"{result.summary['num_iterations']:,} iterations, evenly spaced (output.iterations)"
+        )
     return 0
 
 
@@ -468,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="simulate an experiment and write its outputs",
         description="Simulate an experiment, print a summary table, and write summary.json, "
-        "requests.csv, iterations.csv and config.yaml into the output directory.",
+        "requests.csv, iterations.csv and config.yaml into the output directory (the tables "
+        "as .parquet with --format parquet; see the experiment's output: block).",
         epilog="The output directory must be new, empty, or hold a previous batchsim run "
         "(whose output files are replaced); batchsim refuses to replace files it did not write.",
     )
@@ -480,6 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="output directory (default: runs/NAME, NAME being the experiment's name)",
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help=SET_HELP)
+    p.add_argument(
+        "--format",
+        choices=("csv", "parquet"),
+        help="file format of the request and iteration tables (requests.csv or "
+        "requests.parquet, ...); the same as --set output.format=FORMAT (default: the "
+        "experiment's output.format, csv)",
+    )
     p.set_defaults(func=_cmd_run)
 
     from batchsim.studies.grid import VALUES_HELP

@@ -30,11 +30,13 @@ from batchsim.validation import (
     MAX_STEP_MS,
     MAX_TOKENS,
     ConfigModel,
+    FieldError,
     StrictBool,
     StrictFloat,
     StrictInt,
     config_error_from_pydantic,
     format_value,
+    number_problem,
 )
 from batchsim.workload import WorkloadConfig
 from batchsim.yamlio import MAX_DEPTH, dump, line_of, loads, read_mapping
@@ -108,6 +110,53 @@ class MetricsConfig(ConfigModel):
     ``batchsim plot timeline`` and the ITL distribution); costs time per iteration."""
 
 
+OUTPUT_FORMATS = ("csv", "parquet")
+MAX_ITERATION_SAMPLE = 1_000_000_000
+"""Most iteration rows ``output.iterations: {sample: N}`` may ask for."""
+
+
+class IterationSample(ConfigModel):
+    """``output.iterations: {sample: N}`` — N iteration rows, evenly spaced over the run."""
+
+    sample: StrictInt = Field(ge=2, le=MAX_ITERATION_SAMPLE)
+
+
+class OutputConfig(ConfigModel):
+    """``output:`` — how the run's tables are written (the summary is the same whatever)."""
+
+    format: Literal["csv", "parquet"] = "csv"
+    """File format of the request, iteration and slot tables (``requests.csv`` or
+    ``requests.parquet``, ...); ``summary.json`` and ``config.yaml`` are always JSON and YAML."""
+    iterations: Literal["all", "none"] | IterationSample = "all"
+    """Rows of the iteration table: ``all``, ``none`` (no file), or ``{sample: N}``: N rows
+    evenly spaced over the run, the first and the last included (their ``iteration`` column
+    keeps the numbers of the full run)."""
+
+    @field_validator("iterations", mode="before")
+    @classmethod
+    def _iterations(cls, value: Any) -> Any:
+        # One message for the three forms (a union would report one error per form).
+        if isinstance(value, IterationSample) or (
+            isinstance(value, str) and value in ("all", "none")
+        ):
+            return value
+        if isinstance(value, Mapping) and set(value) == {"sample"}:
+            problem = number_problem(value["sample"], integer=True, ge=2, le=MAX_ITERATION_SAMPLE)
+            if problem:
+                raise FieldError("sample", problem)
+            return IterationSample(sample=int(value["sample"]))
+        raise FieldError(
+            "",
+            "must be all, none or {sample: N} (N iteration rows evenly spaced over the run); "
+            f"got {format_value(value)}",
+        )
+
+    @property
+    def iteration_sample(self) -> int | None:
+        """N of ``iterations: {sample: N}``, else None."""
+        return self.iterations.sample if isinstance(self.iterations, IterationSample) else None
+
+
 class ExperimentConfig(ConfigModel):
     """A whole experiment: one simulated engine, one workload."""
 
@@ -125,6 +174,7 @@ class ExperimentConfig(ConfigModel):
     workload: WorkloadConfig
     slo: SloConfig | None = None
     metrics: MetricsConfig = MetricsConfig()
+    output: OutputConfig = OutputConfig()
 
     @property
     def num_gpus(self) -> int:

@@ -2,10 +2,12 @@
 engine -> tables and summary, and write the output directory.
 
 The output files and their names are a contract (``summary.json``, ``requests.csv``,
-``iterations.csv``, ``config.yaml``); a run writes them into a hidden temporary directory and
-moves them in place only when everything succeeded, so bad input, a full disk or an interrupt
-never leaves a half-written directory, and it replaces only files of a previous batchsim run
-(:func:`check_output_dir`).
+``iterations.csv``, ``config.yaml``; with ``output.format: parquet`` the tables are
+``requests.parquet`` and ``iterations.parquet``); a run writes them into a hidden temporary
+directory and moves them in place only when everything succeeded, so bad input, a full disk or
+an interrupt never leaves a half-written directory, and it replaces only files of a previous
+batchsim run (:func:`check_output_dir`), removing those of its files the new run does not
+write (the other format's tables, an iterations table the new run leaves out).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from batchsim.catalog.hardware import HardwareProfile, load_hardware
 from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
 from batchsim.config import (
+    OUTPUT_FORMATS,
     ExperimentConfig,
     dump_config,
     keyword_overrides,
@@ -41,19 +44,46 @@ from batchsim.metrics.logs import (
     REQUEST_COLUMNS,
     Columns,
     IterationLog,
+    sample_rows,
 )
 from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
-from batchsim.metrics.writers import _jsonable, write_csv
+from batchsim.metrics.writers import _jsonable, write_csv, write_parquet
 from batchsim.scheduler.registry import load_policy
 from batchsim.workload import generate
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from batchsim.progress import RunProgress
+
 OUTPUT_FILES = ("summary.json", "requests.csv", "iterations.csv", "config.yaml")
+"""The files of a run with the default ``output:`` block."""
 SLOTS_FILE = "slots.csv"
 """Written besides the four when the run records its batch slots (``metrics.record_slots``)."""
+TABLES = ("requests", "iterations", "slots")
+"""The tables a run may write, each as ``<table>.csv`` or ``<table>.parquet``."""
+ALL_OUTPUT_FILES = (
+    "summary.json",
+    "config.yaml",
+    *(f"{table}.{fmt}" for table in TABLES for fmt in OUTPUT_FORMATS),
+)
+"""Every name a run may write: a directory holding one that batchsim did not write is refused,
+and a run replacing a previous one removes those of them it does not write itself."""
+
+
+def output_files(config: ExperimentConfig) -> tuple[str, ...]:
+    """The files a run of ``config`` writes (``summary.json`` first, ``config.yaml`` after the
+    tables): the requests table, the iterations table unless ``output.iterations: none``, the
+    slots table with ``metrics.record_slots``, in ``output.format``."""
+    fmt = config.output.format
+    names = ["summary.json", f"requests.{fmt}"]
+    if config.output.iterations != "none":
+        names.append(f"iterations.{fmt}")
+    names.append("config.yaml")
+    if config.metrics.record_slots:
+        names.append(f"slots.{fmt}")
+    return tuple(names)
 
 
 @dataclass
@@ -79,8 +109,26 @@ class Result:
 
     @property
     def files(self) -> tuple[str, ...]:
-        """The output files this run writes: the four, and ``slots.csv`` if recorded."""
-        return (*OUTPUT_FILES, SLOTS_FILE) if self.slot_columns is not None else OUTPUT_FILES
+        """The output files this run writes (:func:`output_files`): ``summary.json``,
+        ``requests.csv``, ``iterations.csv``, ``config.yaml`` by default, and ``slots.csv`` if
+        recorded; the tables as ``.parquet`` with ``output.format: parquet``; no iterations
+        table with ``output.iterations: none``."""
+        names = [n for n in output_files(self.config) if not n.startswith("slots.")]
+        if self.slot_columns is not None:
+            names.append(f"slots.{self.config.output.format}")
+        return tuple(names)
+
+    def iteration_tables(self) -> Iterable[Columns]:
+        """The rows of the iterations table as written, in windows: all of them, or the
+        sample ``output.iterations: {sample: N}`` asks for (empty with ``none``)."""
+        output = self.config.output
+        if output.iterations == "none":
+            return iter(())
+        n = output.iteration_sample
+        log = self.iteration_log
+        if n is None or n >= log.num_rows:
+            return log.windows()
+        return log.windows(rows=sample_rows(log.num_rows, n))
 
     @functools.cached_property
     def slots(self) -> pd.DataFrame:
@@ -124,8 +172,11 @@ class Result:
         check_output_dir(target)
         try:
             self._write(target, self.files)
-            if self.slot_columns is None:  # a previous run's slots.csv would not match
-                (target / SLOTS_FILE).unlink(missing_ok=True)
+            # a previous run's tables that this run does not write would contradict it (the
+            # other format's, an iterations table left out, slots not recorded this time)
+            for name in ALL_OUTPUT_FILES:
+                if name not in self.files:
+                    (target / name).unlink(missing_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot write {target}: {_os_reason(exc)}") from exc
         return target
@@ -145,22 +196,32 @@ class Result:
         created = _make_dirs(target.parent)
         into_existing = target.is_dir()
         staging = _make_staging_dir(target if into_existing else target.parent)
-        writers = {
+        writers: dict[str, Callable[[Path], object]] = {
             "summary.json": lambda path: path.write_text(
                 summary_json(self.summary), encoding="utf-8"
             ),
-            "requests.csv": lambda path: write_csv([self.request_columns], REQUEST_COLUMNS, path),
-            "iterations.csv": lambda path: write_csv(
-                self.iteration_log.windows(), ITERATION_COLUMNS, path
-            ),
             "config.yaml": lambda path: path.write_text(dump_config(self.config), encoding="utf-8"),
-            SLOTS_FILE: lambda path: write_csv([self.slot_columns or {}], list(SLOT_COLUMNS), path),
+        }
+        tables: dict[str, tuple[Callable[[], Iterable[Columns]], list[str]]] = {
+            "requests": (lambda: [self.request_columns], REQUEST_COLUMNS),
+            "iterations": (self.iteration_tables, ITERATION_COLUMNS),
+            "slots": (lambda: [self.slot_columns or {}], list(SLOT_COLUMNS)),
         }
         try:
             for name in names:
-                writers[name](staging / name)
+                path = staging / name
+                if name in writers:
+                    writers[name](path)
+                    continue
+                table, fmt = name.rsplit(".", 1)
+                rows, columns = tables[table]
+                if fmt == "csv":
+                    write_csv(rows(), columns, path)
+                else:
+                    write_parquet(rows(), columns, path)
             if into_existing:
-                for name in names:
+                # the summary last: a folder whose summary is new holds all the new files
+                for name in sorted(names, key=lambda n: n == "summary.json"):
                     os.replace(staging / name, target / name)
             else:
                 os.rename(staging, target)
@@ -256,7 +317,7 @@ def check_output_dir(out_dir: str | Path) -> Path:
         if ancestor.exists() and not ancestor.is_dir():
             raise ConfigError(f"cannot write {target}: {ancestor} is not a directory")
         return target
-    clashing = [name for name in (*OUTPUT_FILES, SLOTS_FILE) if os.path.lexists(target / name)]
+    clashing = [name for name in ALL_OUTPUT_FILES if os.path.lexists(target / name)]
     if clashing and not is_batchsim_run(target):
         raise ConfigError(
             f"cannot write {target}: it holds {', '.join(clashing)} that batchsim did not "
@@ -336,8 +397,16 @@ def build(config: ExperimentConfig) -> Setup:
     return Setup(config, hardware, model, cost_model, blocks, cpu_blocks, swap_time)
 
 
-def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
-    """Run one validated experiment and return its :class:`Result`."""
+def simulate(
+    config: ExperimentConfig, base_dir: Path | None = None, progress: RunProgress | None = None
+) -> Result:
+    """Run one validated experiment and return its :class:`Result`.
+
+    Args:
+        config: The experiment.
+        base_dir: The directory relative workload files are relative to.
+        progress: A progress line to keep up to date (``batchsim run`` on a terminal).
+    """
     wall_start = time.perf_counter()
     setup = build(config)
     table = generate(config.workload, config.seed, base_dir)
@@ -370,21 +439,25 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
         swap_time_per_block=setup.swap_time_per_block,
         record_slots=config.metrics.record_slots,
     )
-    engine = Engine(scheduler, setup.cost_model, table, options)
+    engine = Engine(scheduler, setup.cost_model, table, options, on_step=progress)
     engine.run()
     assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
-    requests = engine.request_log.to_columns()
-    iterations = engine.iterations
+    if progress is not None:
+        progress.stage("summarizing")
+    request_log, iterations, slot_log = engine.request_log, engine.iterations, engine.slot_log
+    del engine, table, scheduler  # the workload and the simulator: not needed any more
+    requests = request_log.to_columns()
     workload = config.workload
     rate = workload.arrival.mean_rate() if workload.arrival is not None else math.nan
     summary = summarize(
-        engine.request_log,
+        request_log,
         iterations,
         requests=requests,
         slo=config.slo.model_dump() if config.slo else None,
         warmup_s=config.metrics.warmup_s,
         cooldown_s=config.metrics.cooldown_s,
         request_rate=rate,
+        hand_over=True,
     )
     summary["num_gpu_blocks"] = kv.num_blocks
     summary["kv_cache_capacity_tokens"] = kv.capacity_tokens
@@ -394,7 +467,8 @@ def simulate(config: ExperimentConfig, base_dir: Path | None = None) -> Result:
         f"scheduler.{key} is not used by policy {config.scheduler.policy}"
         for key in unused_scheduler_keys(config, policy_cls.config_keys)
     ]
-    slots = engine.slot_log.to_columns() if engine.slot_log is not None else None
+    del request_log  # its token runs: only the summary needs them
+    slots = slot_log.to_columns() if slot_log is not None else None
     return Result(summary, config, requests, iterations, notes, slot_columns=slots)
 
 

@@ -178,6 +178,8 @@ class Engine:
         cost_model: Prices each iteration.
         table: The workload's requests.
         options: CPU overhead and loop settings.
+        on_step: Called with the engine before every pass of the step loop (a progress
+            report; it must be cheap and must not change anything).
     """
 
     def __init__(
@@ -186,6 +188,7 @@ class Engine:
         cost_model: RooflineCostModel,
         table: RequestTable,
         options: EngineOptions,
+        on_step: Callable[[Engine], None] | None = None,
     ):
         self.scheduler = scheduler
         self.cost_model = cost_model
@@ -205,6 +208,7 @@ class Engine:
         self.slot_log = SlotLog() if options.record_slots else None
         self.guarded = policy not in POLICIES.values()
         """Check the policy at every call (policies written outside batchsim)."""
+        self.on_step = on_step
 
     def run(self) -> None:
         """Simulate until every request has finished, been rejected or been cancelled."""
@@ -302,8 +306,11 @@ class Engine:
         scheduler = self.scheduler
         source = self.source
         guarded = self.guarded
+        on_step = self.on_step
         idle_wakeups = steps_without_token = 0
         while True:
+            if on_step is not None:
+                on_step(self)
             now = env.now
             self._deliver_due(now)
             ended = source.exhausted()

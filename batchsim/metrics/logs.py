@@ -110,7 +110,7 @@ class ChunkedColumns:
     def __init__(self, dtypes: dict[str, str]):
         self.dtypes = dtypes
         self._index = {key: i for i, key in enumerate(dtypes)}
-        self._chunks: list[list[np.ndarray]] = []
+        self._chunks: list[list[Any]] = []  # full chunks packed (see _pack), the last open
         self._fill = _CHUNK
         self._stored = 0
         self._pending: list[tuple] = []  # rows, and (values, n) blocks from extend()
@@ -184,22 +184,105 @@ class ChunkedColumns:
                     column[lo:hi] = value
             self._fill += take
             done += take
+            if self._fill == _CHUNK:
+                self._chunks[-1] = [_pack(column) for column in chunk]
         self._stored += n
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the stored rows (buffered rows not counted)."""
+        return sum(_nbytes(part) for chunk in self._chunks for part in chunk)
+
     def column(self, key: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """Rows ``lo:hi`` of one column (all rows by default), as one array."""
+        """Rows ``lo:hi`` of one column (all rows by default), as one array of the column's
+        dtype (do not modify it: it may be a view of the stored rows)."""
         self._flush()
         index = self._index[key]
+        dtype = np.dtype(self.dtypes[key])
         hi = self.num_rows if hi is None else min(hi, self.num_rows)
         if hi <= lo:
-            return np.empty(0, dtype=self.dtypes[key])
+            return np.empty(0, dtype=dtype)
         first, last = lo // _CHUNK, (hi - 1) // _CHUNK
         if first == last:
-            return self._chunks[first][index][lo - first * _CHUNK : hi - first * _CHUNK]
-        parts = [self._chunks[first][index][lo - first * _CHUNK :]]
-        parts += [c[index] for c in self._chunks[first + 1 : last]]
-        parts.append(self._chunks[last][index][: hi - last * _CHUNK])
-        return np.concatenate(parts)
+            part = self._chunks[first][index]
+            return _unpack(part, lo - first * _CHUNK, hi - first * _CHUNK, dtype)
+        out = np.empty(hi - lo, dtype=dtype)
+        at = 0
+        for c in range(first, last + 1):
+            a = lo - c * _CHUNK if c == first else 0
+            b = hi - c * _CHUNK if c == last else _CHUNK
+            out[at : at + b - a] = _unpack(self._chunks[c][index], a, b, dtype)
+            at += b - a
+        return out
+
+
+class _Constant:
+    """A full chunk's column whose rows all hold one value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: np.ndarray):
+        self.value = value  # a 0-d array of the column's dtype
+
+
+class _Dictionary:
+    """A full chunk's column as small integer codes into its distinct values."""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values: np.ndarray):
+        self.codes = codes
+        self.values = values
+
+
+_SAMPLE_ROWS = 512
+"""Rows of a chunk looked at before a dictionary is tried (nearly all distinct there: the
+column stays as it is)."""
+
+
+def _pack(column: np.ndarray) -> Any:
+    """A full chunk's column in as few bytes as is simple, read back bit for bit by
+    :func:`_unpack`: one value, integers of a narrower type, or codes into at most 65,536
+    distinct values (compared as bit patterns, so -0.0 and NaN payloads survive)."""
+    bits = column.view(f"u{column.dtype.itemsize}")
+    if (bits == bits[0]).all():
+        return _Constant(column[:1].reshape(()).copy())
+    narrow = column
+    if column.dtype.kind == "i":
+        low, high = int(column.min()), int(column.max())
+        for dtype in (np.int8, np.int16, np.int32):
+            info = np.iinfo(dtype)
+            if info.min <= low and high <= info.max:
+                if np.dtype(dtype).itemsize < column.dtype.itemsize:
+                    narrow = column.astype(dtype)
+                break
+    if narrow.dtype.itemsize == 1 or len(np.unique(bits[:_SAMPLE_ROWS])) > _SAMPLE_ROWS * 7 // 8:
+        return narrow  # (nearly) all distinct
+    values, codes = np.unique(bits, return_inverse=True)
+    code_type = np.uint8 if len(values) <= 256 else np.uint16
+    if (
+        len(values) > 65536
+        or len(values) * column.dtype.itemsize + len(column) * np.dtype(code_type).itemsize
+        >= narrow.nbytes
+    ):
+        return narrow
+    return _Dictionary(codes.astype(code_type), values.view(column.dtype))
+
+
+def _unpack(part: Any, lo: int, hi: int, dtype: np.dtype) -> np.ndarray:
+    if isinstance(part, np.ndarray):
+        return part[lo:hi] if part.dtype == dtype else part[lo:hi].astype(dtype)
+    if isinstance(part, _Constant):
+        return np.full(hi - lo, part.value, dtype=dtype)
+    return part.values[part.codes[lo:hi]]
+
+
+def _nbytes(part: Any) -> int:
+    if isinstance(part, np.ndarray):
+        return int(part.nbytes)
+    if isinstance(part, _Constant):
+        return int(part.value.nbytes)
+    return int(part.codes.nbytes + part.values.nbytes)
 
 
 class Labels:
@@ -222,7 +305,7 @@ class Labels:
 
 _WINDOW_ROWS = 1 << 18
 """Most iterations expanded at once when the log is read in windows."""
-_GAP_CHUNK = 1 << 21
+_GAP_CHUNK = 1 << 18
 """Gaps between token runs counted at once (see :meth:`TokenRuns.inter_token_gaps`)."""
 _PENDING_SEGMENTS = 1 << 16
 """Token-run bounds buffered as Python ints before they move into a numpy chunk."""
@@ -267,14 +350,32 @@ class IterationLog:
         self._runs.extend(values, n)
         self._usage.extend((kv_cache_usage,), n)
 
-    def windows(self, max_rows: int = _WINDOW_ROWS) -> Iterator[Columns]:
+    def windows(
+        self, max_rows: int = _WINDOW_ROWS, rows: np.ndarray | None = None
+    ) -> Iterator[Columns]:
         """The iterations, in order, as column tables of at most about ``max_rows`` rows
         (``iterations.csv`` columns with ``bound`` as :class:`Labels`, plus
-        ``compute_bound`` and ``end_time_s``)."""
+        ``compute_bound`` and ``end_time_s``).
+
+        Args:
+            max_rows: Iterations expanded at once.
+            rows: Only these iterations (increasing indices, e.g. :func:`sample_rows`); their
+                ``iteration`` column keeps their numbers in the whole run.
+        """
+        found = False
+        for window in self._windows(max_rows, rows):
+            found = True
+            yield window.table()
+        if not found:  # one empty table, so that readers still see the columns
+            yield _Window.empty(self).table()
+
+    def _windows(
+        self, max_rows: int = _WINDOW_ROWS, rows: np.ndarray | None = None
+    ) -> Iterator[_Window]:
         runs = self._runs
         num_runs = runs.num_rows
-        if not num_runs:  # one empty table, so that readers still see the columns
-            yield self._expand(0, 0, np.empty(0, dtype=np.int64), 0, 0)
+        if rows is not None:
+            yield from self._sampled_windows(max_rows, rows)
             return
         lo = row = 0
         while lo < num_runs:
@@ -282,46 +383,32 @@ class IterationLog:
             ends = np.cumsum(steps)
             hi = lo + max(1, int(np.searchsorted(ends, max_rows, side="right")))
             total = int(ends[hi - lo - 1])
-            yield self._expand(lo, hi, steps[: hi - lo], row, total)
+            steps = steps[: hi - lo]
+            run_of = np.repeat(np.arange(hi - lo), steps)
+            k = np.arange(total, dtype=np.int64)
+            k -= np.repeat(np.cumsum(steps) - steps, steps)
+            usage = self._usage.column("kv_cache_usage", row, row + total)
+            yield _Window(self, lo, hi, run_of, k, np.arange(row, row + total), usage)
             row += total
             lo = hi
 
-    def _expand(self, lo: int, hi: int, steps: np.ndarray, row: int, total: int) -> Columns:
+    def _sampled_windows(self, max_rows: int, rows: np.ndarray) -> Iterator[_Window]:
         runs = self._runs
-        run_of = np.repeat(np.arange(hi - lo), steps)
-        k = np.arange(total, dtype=np.int64)
-        k -= np.repeat(np.cumsum(steps) - steps, steps)
-        step = k.astype(float)
-
-        def expand(key: str) -> np.ndarray:
-            return runs.column(key, lo, hi)[run_of]
-
-        def linear(key: str, step_key: str) -> np.ndarray:
-            return expand(key) + expand(step_key) * step
-
-        data: Columns = {"iteration": np.arange(row, row + total)}
-        duration = expand("duration_s")
-        start = expand("start_time_s") + duration * step
-        data["start_time_s"] = start
-        data["end_time_s"] = start + duration
-        data["duration_ms"] = duration * 1e3
-        data["cpu_time_ms"] = expand("cpu_time_ms")
-        data["gpu_time_ms"] = expand("gpu_time_ms")
-        for key in BATCH_COLUMNS:
-            if key != "cpu_time_ms":
-                data[key] = expand(key)
-        flops = linear("flops", "flops_step")
-        nbytes = linear("bytes", "bytes_step")
-        data["flops"] = flops
-        data["bytes"] = nbytes
-        with np.errstate(divide="ignore", invalid="ignore"):
-            data["arithmetic_intensity"] = flops / nbytes
-        data["weight_bytes"] = expand("weight_bytes")
-        data["kv_bytes"] = linear("kv_bytes", "kv_bytes_step")
-        data["compute_bound"] = linear("bound_margin_s", "bound_margin_step_s") > 0
-        data["bound"] = Labels(data["compute_bound"].astype(np.int8), ("memory", "compute"))
-        data["kv_cache_usage"] = self._usage.column("kv_cache_usage", row, row + total)
-        return data
+        steps = runs.column("num_steps").astype(np.int64)
+        firsts = np.cumsum(steps) - steps
+        del steps
+        rows = np.asarray(rows, dtype=np.int64)
+        for at in range(0, self.num_rows, max_rows):
+            i0, i1 = np.searchsorted(rows, (at, at + max_rows))
+            if i0 == i1:
+                continue
+            picked = rows[i0:i1]
+            run = np.searchsorted(firsts, picked, side="right") - 1
+            lo, hi = int(run[0]), int(run[-1]) + 1
+            k = picked - firsts[run]
+            first, last = int(picked[0]), int(picked[-1])
+            usage = self._usage.column("kv_cache_usage", first, last + 1)[picked - first]
+            yield _Window(self, lo, hi, run - lo, k, picked, usage)
 
     def to_columns(self) -> Columns:
         """The whole log as ``iterations.csv`` columns (``bound`` as strings), plus
@@ -338,8 +425,8 @@ class IterationLog:
     def run_table(self) -> RunTable:
         """Where each run starts (iteration index and time) and its length and duration."""
         runs = self._runs
-        steps = runs.column("num_steps").astype(np.int64)
-        first = np.cumsum(steps) - steps
+        steps = runs.column("num_steps")  # int32: a run's length (first is int64)
+        first = np.cumsum(steps, dtype=np.int64) - steps
         return RunTable(first, steps, runs.column("start_time_s"), runs.column("duration_s"))
 
     def totals(self, lo: float = -math.inf, hi: float = math.inf) -> dict[str, float]:
@@ -352,19 +439,119 @@ class IterationLog:
         """
         keys = ("num_counted", *_SUMMED, "num_compute_bound", "max_kv_cache_usage", "busy_s")
         out = dict.fromkeys(keys, 0.0)
-        for window in self.windows():
-            start, end = window["start_time_s"], window["end_time_s"]
+        for window in self._windows():
+            start, end = window.get("start_time_s"), window.get("end_time_s")
             inside = (start >= lo) & (start < hi)
             out["num_counted"] += float(np.count_nonzero(inside))
-            for key in _SUMMED:
-                out[key] += float(window[key][inside].sum(dtype=float))
-            out["num_compute_bound"] += float(np.count_nonzero(window["compute_bound"][inside]))
-            usage = window["kv_cache_usage"][inside]
+            for key in _SUMMED:  # one expanded column at a time
+                out[key] += float(window.get(key)[inside].sum(dtype=float))
+            out["num_compute_bound"] += float(np.count_nonzero(window.get("compute_bound")[inside]))
+            usage = window.usage[inside]
             if usage.size:
                 out["max_kv_cache_usage"] = max(out["max_kv_cache_usage"], float(usage.max()))
             covered = np.minimum(end, hi) - np.maximum(start, lo)
             out["busy_s"] += float(covered[covered > 0].sum())
         return out
+
+
+class _Window:
+    """Some iterations of an :class:`IterationLog`: iteration ``iterations[i]`` is step
+    ``k[i]`` of run ``lo + run_of[i]``. Columns are expanded on demand (:meth:`get`), with the
+    same expressions whatever the window, so every window reads the same values."""
+
+    def __init__(
+        self,
+        log: IterationLog,
+        lo: int,
+        hi: int,
+        run_of: np.ndarray,
+        k: np.ndarray,
+        iterations: np.ndarray,
+        usage: np.ndarray,
+    ):
+        self.runs = log._runs
+        self.lo, self.hi = lo, hi
+        self.run_of = run_of
+        self.step = k.astype(float)
+        self.iterations = iterations
+        self.usage = usage
+        self._duration: np.ndarray | None = None
+        self._start: np.ndarray | None = None
+
+    @classmethod
+    def empty(cls, log: IterationLog) -> _Window:
+        none = np.empty(0, dtype=np.int64)
+        return cls(log, 0, 0, none, none, none, np.empty(0, dtype=np.float32))
+
+    def expand(self, key: str) -> np.ndarray:
+        return self.runs.column(key, self.lo, self.hi)[self.run_of]
+
+    def linear(self, key: str, step_key: str) -> np.ndarray:
+        return self.expand(key) + self.expand(step_key) * self.step
+
+    def duration(self) -> np.ndarray:
+        if self._duration is None:
+            self._duration = self.expand("duration_s")
+        return self._duration
+
+    def start(self) -> np.ndarray:
+        if self._start is None:
+            self._start = self.expand("start_time_s") + self.duration() * self.step
+        return self._start
+
+    def get(self, key: str) -> np.ndarray:
+        """One column (``iterations.csv``'s, ``compute_bound`` or ``end_time_s``)."""
+        if key == "iteration":
+            return self.iterations
+        if key == "start_time_s":
+            return self.start()
+        if key == "end_time_s":
+            return self.start() + self.duration()
+        if key == "duration_ms":
+            return self.duration() * 1e3
+        if key in ("flops", "bytes", "kv_bytes"):
+            return self.linear(key, f"{key}_step")
+        if key == "arithmetic_intensity":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return self.get("flops") / self.get("bytes")
+        if key == "compute_bound":
+            return self.linear("bound_margin_s", "bound_margin_step_s") > 0
+        if key == "kv_cache_usage":
+            return self.usage
+        return self.expand(key)  # gpu_time_ms, weight_bytes and the batch columns
+
+    def table(self) -> Columns:
+        data: Columns = {"iteration": self.iterations}
+        data["start_time_s"] = self.start()
+        data["end_time_s"] = self.get("end_time_s")
+        data["duration_ms"] = self.get("duration_ms")
+        data["cpu_time_ms"] = self.get("cpu_time_ms")
+        data["gpu_time_ms"] = self.get("gpu_time_ms")
+        for key in BATCH_COLUMNS:
+            if key != "cpu_time_ms":
+                data[key] = self.get(key)
+        flops, nbytes = self.get("flops"), self.get("bytes")
+        data["flops"] = flops
+        data["bytes"] = nbytes
+        with np.errstate(divide="ignore", invalid="ignore"):
+            data["arithmetic_intensity"] = flops / nbytes
+        data["weight_bytes"] = self.get("weight_bytes")
+        data["kv_bytes"] = self.get("kv_bytes")
+        data["compute_bound"] = self.get("compute_bound")
+        data["bound"] = Labels(data["compute_bound"].astype(np.int8), ("memory", "compute"))
+        data["kv_cache_usage"] = self.usage
+        return data
+
+
+def sample_rows(num_rows: int, n: int) -> np.ndarray:
+    """``n`` of ``num_rows`` row indices evenly spaced, the first and the last included (all
+    rows if ``n >= num_rows``): row ``k * (num_rows - 1) // (n - 1)`` for k = 0 .. n-1."""
+    if n >= num_rows:
+        return np.arange(num_rows, dtype=np.int64)
+    if n <= 1:
+        return np.zeros(min(n, num_rows), dtype=np.int64)
+    assert (num_rows - 1) * (n - 1) < 2**63, "a sample too large for 64-bit indices"
+    return np.arange(n, dtype=np.int64) * (num_rows - 1) // (n - 1)
 
 
 _SUMMED = (
@@ -433,8 +620,12 @@ class RequestLog:
                 "num_segments": "i4",
             }
         )
-        self._segments: list[np.ndarray] = []  # flat (first, last) pairs, in chunks
-        self._pending_segments: list[int] = []
+        # token runs' first and last iterations: arrays grown by doubling (one block of
+        # memory each, sorted in place by a summary they are handed to; None after that)
+        self._firsts: np.ndarray | None = np.empty(0, dtype=np.int32)
+        self._lasts: np.ndarray | None = np.empty(0, dtype=np.int32)
+        self._num_segments = 0
+        self._pending_segments: list[int] = []  # flat (first, last) pairs
         self._reasons: dict[int, str] = {}
 
     @property
@@ -476,17 +667,22 @@ class RequestLog:
             # pack two of them in 64 bits)
             top = max(pending)
             assert top < 2**32, "runs of more than 2^32 iterations are not supported"
-            dtype = np.int32 if top < 2**31 else np.int64
-            self._segments.append(np.array(pending, dtype=dtype))
+            firsts, lasts = self._firsts, self._lasts
+            assert firsts is not None and lasts is not None, "token runs handed over"
+            dtype = np.int32 if top < 2**31 and firsts.dtype == np.int32 else np.int64
+            pairs = np.array(pending, dtype=dtype)
+            n, count = self._num_segments, len(pairs) // 2
+            if n + count > len(firsts) or dtype != firsts.dtype:
+                size = max(n + count, 2 * len(firsts), _PENDING_SEGMENTS)
+                self._firsts, self._lasts = (
+                    _grown(firsts, n, size, dtype),
+                    _grown(lasts, n, size, dtype),
+                )
+            assert self._firsts is not None and self._lasts is not None
+            self._firsts[n : n + count] = pairs[0::2]
+            self._lasts[n : n + count] = pairs[1::2]
+            self._num_segments = n + count
             self._pending_segments = []
-
-    def _all_segments(self) -> np.ndarray:
-        self._flush_segments()
-        if not self._segments:
-            return np.empty((0, 2), dtype=np.int64)
-        if len(self._segments) > 1:
-            self._segments = [np.concatenate(self._segments)]
-        return self._segments[0].reshape(-1, 2)
 
     def _order(self) -> np.ndarray:
         return np.argsort(self._rows.column("request_id"), kind="stable")
@@ -531,21 +727,46 @@ class RequestLog:
             "reject_reason": reasons,
         }
 
-    def token_runs(self, counted: np.ndarray) -> TokenRuns:
+    def token_runs(self, counted: np.ndarray, *, hand_over: bool = False) -> TokenRuns:
         """The token runs of the requests selected by ``counted`` (a boolean mask over
-        :meth:`to_columns`'s rows)."""
-        rows = self._rows
-        num_segments = rows.column("num_segments").astype(np.int64)
-        pairs = self._all_segments()
+        :meth:`to_columns`'s rows).
+
+        With ``hand_over`` the log gives its token runs away instead of copying them (they
+        are sorted in place; the log cannot give them again): a run of a million requests
+        then holds them once, not twice.
+        """
+        if self._firsts is None or self._lasts is None:
+            raise RuntimeError("the token runs were handed over already")
+        self._flush_segments()
+        num_segments = self._rows.column("num_segments").astype(np.int64)
         selected = np.zeros(len(num_segments), dtype=bool)
         selected[self._order()[counted]] = True
+        keep = None
         if not selected.all():
-            pairs = pairs[np.repeat(selected, num_segments)]
+            keep = np.repeat(selected, num_segments)
             num_segments = num_segments[selected]
+        n = self._num_segments
+        first, last = self._firsts[:n], self._lasts[:n]
+        if hand_over:  # the log's own arrays, sorted in place later (or their kept rows)
+            self._firsts = self._lasts = None
+            if keep is not None:
+                first, last = first[keep], last[keep]
+        elif keep is None:
+            first, last = first.copy(), last.copy()
+        else:
+            first, last = first[keep], last[keep]
+        del keep
         # runs per selected request, in storage order: the first of each is its request's
-        is_first = np.zeros(len(pairs), dtype=bool)
+        is_first = np.zeros(len(first), dtype=bool)
         is_first[(np.cumsum(num_segments) - num_segments)[num_segments > 0]] = True
-        return TokenRuns(pairs[:, 0], pairs[:, 1], is_first)
+        return TokenRuns(first, last, is_first, sort_in_place=True)
+
+
+def _grown(values: np.ndarray, n: int, size: int, dtype: type) -> np.ndarray:
+    """A new array of ``size`` slots holding the first ``n`` of ``values``."""
+    out: np.ndarray = np.empty(size, dtype=dtype)
+    out[:n] = values[:n]
+    return out
 
 
 class RunTable:
@@ -589,14 +810,28 @@ class RunTable:
 class TokenRuns:
     """Token runs of some requests: a request's tokens came at the ends of the iterations
     ``first[k]..last[k]`` of each of its runs (consecutive iterations); ``is_first[k]`` marks
-    a request's first run (its runs are stored together, in order)."""
+    a request's first run (its runs are stored together, in order).
 
-    def __init__(self, first: np.ndarray, last: np.ndarray, is_first: np.ndarray):
-        self.first = first
-        self.last = last
-        self.is_first = is_first
-        self._firsts = np.sort(first)
-        self._lasts = np.sort(last)
+    The gaps between a request's runs are counted at once; then only the sorted first and
+    last iterations are kept (sorted copies, or with ``sort_in_place`` the arrays given,
+    sorted).
+    """
+
+    def __init__(
+        self,
+        first: np.ndarray,
+        last: np.ndarray,
+        is_first: np.ndarray,
+        *,
+        sort_in_place: bool = False,
+    ):
+        self._gaps = _gap_pairs(first, last, is_first)
+        if sort_in_place:
+            first.sort()
+            last.sort()
+            self._firsts, self._lasts = first, last
+        else:
+            self._firsts, self._lasts = np.sort(first), np.sort(last)
 
     def tokens_between(self, lo: int, hi: int) -> np.ndarray:
         """How many tokens the runs sampled at each iteration of ``lo .. hi - 1``."""
@@ -608,24 +843,6 @@ class TokenRuns:
         ended = np.cumsum(np.bincount(lasts[l0:l1] - lo, minlength=hi - lo))  # last <= i
         ended = l0 + np.concatenate(([0], ended[:-1]))  # last < i
         return began - ended
-
-    def _gap_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        """The distinct (iteration, previous token's iteration) pairs of the gaps between a
-        request's token runs, packed as ``iteration << 32 | previous``, and their counts
-        (counted in chunks, so that memory stays bounded)."""
-        keys: list[np.ndarray] = []
-        counts: list[np.ndarray] = []
-        for lo in range(1, len(self.is_first), _GAP_CHUNK):
-            rows = np.flatnonzero(~self.is_first[lo : lo + _GAP_CHUNK]) + lo
-            pairs = self.first[rows].astype(np.int64) << 32
-            pairs |= self.last[rows - 1]
-            unique, count = np.unique(pairs, return_counts=True)
-            keys.append(unique)
-            counts.append(count)
-        if len(keys) <= 1:
-            return (keys[0], counts[0]) if keys else (np.empty(0, np.int64),) * 2
-        unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
-        return unique, np.bincount(inverse, np.concatenate(counts)).astype(np.int64)
 
     def inter_token_gaps(self, runs: RunTable) -> tuple[np.ndarray, np.ndarray]:
         """Every inter-token gap, as (gap values, weights) in seconds.
@@ -639,10 +856,11 @@ class TokenRuns:
         """
         # A gap between token runs depends only on the two iterations it spans, which many
         # requests share (those a prefill iteration stalled): count each pair once.
-        pairs, counts = self._gap_pairs()
+        pairs, counts = self._gaps
         boundary = runs.end_times(pairs >> 32) - runs.end_times(pairs & 0xFFFFFFFF)
         del pairs
         firsts, lasts = self._firsts, self._lasts
+        first_sums, last_sums = _PrefixSums(firsts), _PrefixSums(lasts)
 
         def covered(x: np.ndarray) -> np.ndarray:
             """Pairs (token run, iteration i) with first < i <= min(x, last): the gaps
@@ -650,34 +868,74 @@ class TokenRuns:
             q = x.astype(firsts.dtype)  # a query of another dtype would copy the arrays
             nf = np.searchsorted(firsts, q, side="left")  # token runs with first < x
             nl = np.searchsorted(lasts, q, side="left")  # ... and those with last < x
-            return (nf * x - _prefix_sums(firsts, nf)) - (nl * x - _prefix_sums(lasts, nl))
+            return (nf * x - first_sums(nf)) - (nl * x - last_sums(nl))
 
-        a, n = runs.first, runs.steps
-        before = covered(a - 1)
-        at_first = covered(a)
-        inside = covered(a + n - 1) - at_first  # gaps at a log run's later iterations
-        at_first -= before  # ... and at its first iteration
-        del before
-        head = np.flatnonzero(at_first)
-        head_gaps = runs.end_times(a[head]) - runs.end_times(a[head] - 1)
-        body = np.flatnonzero(inside)
-        values = np.concatenate((boundary, head_gaps, runs.duration[body]))
-        weights = np.concatenate((counts, at_first[head], inside[body]))
+        head_values, head_weights, body_values, body_weights = [], [], [], []
+        for lo in range(0, len(runs.first), _GAP_CHUNK):  # log runs a chunk at a time
+            a, n = runs.first[lo : lo + _GAP_CHUNK], runs.steps[lo : lo + _GAP_CHUNK]
+            before = covered(a - 1)
+            at_first = covered(a)
+            inside = covered(a + n - 1) - at_first  # gaps at a log run's later iterations
+            at_first -= before  # ... and at its first iteration
+            del before
+            head = np.flatnonzero(at_first)
+            head_values.append(runs.end_times(a[head]) - runs.end_times(a[head] - 1))
+            head_weights.append(at_first[head])
+            body = np.flatnonzero(inside)
+            body_values.append(runs.duration[lo + body])
+            body_weights.append(inside[body])
+        values = np.concatenate((boundary, *head_values, *body_values))
+        del boundary, head_values, body_values
+        weights = np.concatenate((counts, *head_weights, *body_weights))
         return values, weights
 
 
-def _prefix_sums(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """``values[:p].sum()`` for each of the non-decreasing ``positions``, in int64, a block
-    at a time (no cumulative array as long as ``values``)."""
-    out = np.empty(len(positions), dtype=np.int64)
-    total = 0
-    start = 0  # first position not yet answered
-    for lo in range(0, len(values) + 1, _GAP_CHUNK):
-        hi = min(lo + _GAP_CHUNK, len(values))
-        stop = int(np.searchsorted(positions, hi, side="right"))  # positions <= hi
-        if stop > start:
-            partial = np.concatenate(([0], np.cumsum(values[lo:hi], dtype=np.int64)))
-            out[start:stop] = total + partial[positions[start:stop] - lo]
+def _gap_pairs(
+    first: np.ndarray, last: np.ndarray, is_first: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (iteration, previous token's iteration) pairs of the gaps between a
+    request's token runs, packed as ``iteration << 32 | previous``, and their counts
+    (counted in chunks, so that memory stays bounded)."""
+    keys: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    for lo in range(1, len(is_first), _GAP_CHUNK):
+        rows = np.flatnonzero(~is_first[lo : lo + _GAP_CHUNK]) + lo
+        pairs = first[rows].astype(np.int64) << 32
+        pairs |= last[rows - 1]
+        unique, count = np.unique(pairs, return_counts=True)
+        keys.append(unique)
+        counts.append(count)
+    if len(keys) <= 1:
+        return (keys[0], counts[0]) if keys else (np.empty(0, np.int64),) * 2
+    unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+    return unique, np.bincount(inverse, np.concatenate(counts)).astype(np.int64)
+
+
+class _PrefixSums:
+    """``values[:p].sum()`` in int64 for positions p, without a cumulative array as long as
+    ``values``: the sums of whole blocks are kept, the rest is summed in the blocks asked
+    about."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        blocks = [
+            int(values[lo : lo + _GAP_CHUNK].sum(dtype=np.int64))
+            for lo in range(0, len(values), _GAP_CHUNK)
+        ]
+        self.before = np.concatenate(([0], np.cumsum(blocks, dtype=np.int64)))
+        """Sum of the blocks before block b."""
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """The sums for non-decreasing ``positions`` (each in 0 .. len(values))."""
+        out = np.empty(len(positions), dtype=np.int64)
+        start = 0  # first position not yet answered
+        while start < len(positions):
+            block = int(positions[start]) // _GAP_CHUNK
+            lo = block * _GAP_CHUNK
+            stop = int(np.searchsorted(positions, lo + _GAP_CHUNK, side="left"))
+            partial = np.concatenate(
+                ([0], np.cumsum(self.values[lo : lo + _GAP_CHUNK], dtype=np.int64))
+            )
+            out[start:stop] = self.before[block] + partial[positions[start:stop] - lo]
             start = stop
-        total += int(values[lo:hi].sum(dtype=np.int64))
-    return out
+        return out

@@ -16,8 +16,33 @@ import numpy as np
 from batchsim.metrics.logs import Columns, IterationLog, RequestLog, RunTable, TokenRuns
 
 
-def _rows(table: Columns, mask: np.ndarray) -> Columns:
-    return {k: v[mask] for k, v in table.items()}
+def _rows(table: Columns, mask: np.ndarray, keys: Iterable[str]) -> Columns:
+    """The rows of ``mask`` of some columns (views of all rows when ``mask`` is all true)."""
+    if mask.all():
+        return {k: table[k] for k in keys}
+    return {k: table[k][mask] for k in keys}
+
+
+_DONE_COLUMNS = (
+    "arrival_time_s",
+    "finish_time_s",
+    "prompt_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2el_ms",
+    "status",
+)
+"""The columns of the finished requests the summary reads."""
+
+
+def _where(mask: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """The rows selected by ``inner``, a mask over the rows ``mask`` selects."""
+    if mask.all():
+        return inner
+    out = np.zeros(len(mask), dtype=bool)
+    out[mask] = inner
+    return out
 
 
 def weighted_percentiles(
@@ -25,8 +50,13 @@ def weighted_percentiles(
 ) -> list[float]:
     """``np.percentile(np.repeat(values, weights), p)`` without expanding the sample."""
     order = np.argsort(values, kind="stable")
+    cum = weights[order]
+    if cum.dtype in (np.int64, np.float64):  # the type cumsum would choose: add in place
+        np.cumsum(cum, out=cum)
+    else:
+        cum = np.cumsum(cum)
     v = values[order]
-    cum = np.cumsum(weights[order])
+    del order
     n = int(cum[-1])
     out = []
     for p in percents:
@@ -62,6 +92,7 @@ def summarize(
     warmup_s: float = 0.0,
     cooldown_s: float = 0.0,
     request_rate: float = math.nan,
+    hand_over: bool = False,
 ) -> dict[str, Any]:
     """The summary dict of a run (``summary.json`` without ``wall_time_s`` and ``config``).
 
@@ -82,6 +113,8 @@ def summarize(
         warmup_s: Leave out requests arriving this long after the first arrival.
         cooldown_s: Leave out requests arriving this long before the last arrival.
         request_rate: The workload's configured arrival rate (req/s), reported as is.
+        hand_over: Take the request log's token runs instead of copying them (less memory;
+            the log cannot give them again, see :meth:`RequestLog.token_runs`).
     """
     if requests is None:
         requests = request_log.to_columns()
@@ -90,9 +123,9 @@ def summarize(
     if (warmup_s > 0 or cooldown_s > 0) and arrivals.size:
         lo, hi = arrivals.min() + warmup_s, arrivals.max() - cooldown_s
         counted = (arrivals >= lo) & (arrivals <= hi)
-    req = _rows(requests, counted)
+    req = _rows(requests, counted, ("arrival_time_s", "status", "queue_delay_ms"))
     finished = req["status"] == "finished"
-    done = _rows(req, finished)
+    done = _rows(requests, _where(counted, finished), _DONE_COLUMNS)
     completed = len(done["status"])
     t0 = float(req["arrival_time_s"].min()) if len(finished) else 0.0
     t1 = float(done["finish_time_s"].max()) if completed else t0
@@ -133,13 +166,17 @@ def summarize(
     tpot = done["tpot_ms"]
     out.update(_stats("tpot", tpot[~np.isnan(tpot)]))
     runs = iterations.run_table()
-    tokens = request_log.token_runs(counted & (requests["status"] == "finished"))
+    tokens = request_log.token_runs(
+        counted & (requests["status"] == "finished"), hand_over=hand_over
+    )
     itl_value, itl_count = tokens.inter_token_gaps(runs)
-    out.update(_stats("itl", itl_value * 1e3, itl_count))
+    peaks = _peaks(done, tokens, runs)
+    del tokens, runs  # before the ITL statistics, the largest arrays of the summary
+    itl_value *= 1e3  # ms
+    out.update(_stats("itl", itl_value, itl_count))
     del itl_value, itl_count
     out.update(_stats("e2el", done["e2el_ms"]))
-    out.update(_peaks(done, tokens, runs))
-    del tokens, runs
+    out.update(peaks)
 
     it = iterations.totals(t0, t1)
     num_iter = it["num_counted"]

@@ -32,7 +32,7 @@ import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.metrics.slots import SLOT_COLUMNS, SLOT_STATES
-from batchsim.plots.data import Run, Study
+from batchsim.plots.data import TABLE_FORMATS, Run, Study
 from batchsim.plots.style import describe_load, finish, new_figure, series_colors
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def applies(source: Run | Study) -> bool:
     that wrote ``requests.csv``."""
     if isinstance(source, Run):
         completed = source.summary.get("completed")
-        return (source.path / "requests.csv").is_file() and bool(completed)
+        return source.has_table("requests") and bool(completed)
     if source.kind != "sweep":
         return False
     try:
@@ -78,7 +78,10 @@ def applies(source: Run | Study) -> bool:
     if points is None:
         return False
     return any(
-        (source.path / "points" / str(p) / "requests.csv").is_file() for p in points if p == p
+        (source.path / "points" / str(p) / f"requests.{fmt}").is_file()
+        for p in points
+        if p == p
+        for fmt in TABLE_FORMATS
     )
 
 
@@ -110,11 +113,11 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             "tpot_ms": done.loc[done["output_tokens"] > 1, "tpot_ms"].to_numpy(dtype=float),
             "e2el_ms": done["e2el_ms"].to_numpy(dtype=float),
         }
-        if (run.path / "slots.csv").is_file():
-            ids, times = token_times(run.slots, run.iterations, run.path)
+        if run.has_table("slots") and run.iterations_sample is None:
+            ids, times = token_times(run.slots, run.iterations, run.table_path("slots"))
             _check_token_counts(run, ids, done)
             values["itl_ms"] = inter_token_gaps(ids, times, done["request_id"].to_numpy()) * 1e3
-        else:
+        else:  # no slots, or iterations too few to time their tokens
             missing_slots.append(run)
         line = None
         for metric, sample in values.items():
@@ -140,7 +143,11 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         _set_x_scale(ax, samples[metric])
         finish(ax, legend=False)
     if missing_slots:
-        _note_itl_summary(panels["itl_ms"], all_missing=len(missing_slots) == len(runs))
+        _note_itl_summary(
+            panels["itl_ms"],
+            all_missing=len(missing_slots) == len(runs),
+            sampled=any(run.iterations_sample is not None for run in missing_slots),
+        )
 
     shown = f"{len(runs)} of {total} runs shown, evenly spaced" if total > len(runs) else None
     fig.legend(
@@ -173,7 +180,7 @@ def token_times(
             before it starts or names an iteration ``iterations.csv`` does not have, or
             samples a request twice in one iteration.
     """
-    name = Path(where) / "slots.csv" if Path(where).name != "slots.csv" else Path(where)
+    name = Path(where) if Path(where).suffix in (".csv", ".parquet") else Path(where) / "slots.csv"
     absent = [c for c in SLOT_COLUMNS if c not in slots.columns]
     if absent:
         raise ConfigError(f"{name}: no column {absent[0]!r} (expected {', '.join(SLOT_COLUMNS)})")
@@ -266,7 +273,7 @@ def _check_token_counts(run: Run, ids: np.ndarray, done: pd.DataFrame) -> None:
     if bad.size:
         i = bad[0]
         raise ConfigError(
-            f"{run.path / 'slots.csv'}: request {wanted[i]} samples {found[i]} tokens in its "
+            f"{run.table_path('slots')}: request {wanted[i]} samples {found[i]} tokens in its "
             f"prefill/decode segments, requests.csv says output_tokens {expected[i]}"
         )
 
@@ -304,7 +311,7 @@ def _runs(sources: Sequence[Run | Study]) -> list[Run]:
                 f"{source.path}: a {source.kind} study; cdf draws runs or sweeps (give the "
                 "folders of the points to compare)"
             )
-        points = [run for run in source.runs() if (run.path / "requests.csv").is_file()]
+        points = [run for run in source.runs() if run.has_table("requests")]
         if not points:
             raise ConfigError(
                 f"{source.path}: no point of this sweep has requests.csv (a sweep run with "
@@ -315,11 +322,8 @@ def _runs(sources: Sequence[Run | Study]) -> list[Run]:
 
 
 def _require_requests(run: Run) -> None:
-    if not (run.path / "requests.csv").is_file():
-        raise ConfigError(
-            f"{run.path}: no requests.csv (a run written with --summary-only has none); "
-            "cdf needs it"
-        )
+    if not run.has_table("requests"):
+        raise run.missing_table("requests", "cdf")
 
 
 def _labels(runs: list[Run]) -> list[str]:
@@ -382,13 +386,18 @@ def _draw_itl_summary(ax: Axes, summary: dict[str, Any], color: str) -> np.ndarr
     return np.array(xs, dtype=float)
 
 
-def _note_itl_summary(ax: Axes, *, all_missing: bool) -> None:
+def _note_itl_summary(ax: Axes, *, all_missing: bool, sampled: bool = False) -> None:
     """Say what the markers are and how to get the whole distribution (above the panel,
     where it covers no data)."""
-    who = "" if all_missing else "runs without slots.csv: "
+    if sampled:  # some runs recorded slots but wrote a sample of their iterations
+        who = "" if all_missing else "runs without slots or every iteration: "
+        fix = "metrics.record_slots=true and output.iterations=all"
+    else:
+        who = "" if all_missing else "runs without slots.csv: "
+        fix = "metrics.record_slots=true"
     ax.set_title(
         f"{who}● p50, p90, p99 and × mean of summary.json;\n"
-        "full ITL distribution: rerun with --set metrics.record_slots=true",
+        f"full ITL distribution: rerun with --set {fix}",
         fontsize="small",
         color="0.3",
     )

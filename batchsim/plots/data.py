@@ -45,6 +45,19 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
         raise ConfigError(f"{path}: cannot read it as CSV ({message})") from None
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        message = " ".join(str(exc).split())
+        raise ConfigError(f"{path}: cannot read it as Parquet ({message})") from None
+
+
+TABLE_FORMATS = ("csv", "parquet")
+
+
 def ok_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of a study table whose point ran (``error`` empty)."""
     return table[_blank(table["error"])] if "error" in table else table
@@ -66,30 +79,128 @@ class Run:
     def policy(self) -> str:
         return str((self.config.get("scheduler") or {}).get("policy", ""))
 
+    @property
+    def output(self) -> dict[str, Any]:
+        """The config's ``output:`` block (empty for runs written before it existed)."""
+        output = self.config.get("output")
+        return output if isinstance(output, dict) else {}
+
+    def table_path(self, table: str) -> Path:
+        """The file of one of the run's tables (``requests``, ``iterations``, ``slots``): in
+        the format its config names (``output.format``; CSV for runs written before it
+        existed), else in the other format if only that one is there."""
+        fmt = self.output.get("format")
+        preferred = fmt if fmt in TABLE_FORMATS else "csv"
+        path = self.path / f"{table}.{preferred}"
+        if not path.is_file():
+            for other in TABLE_FORMATS:
+                candidate = self.path / f"{table}.{other}"
+                if other != preferred and candidate.is_file():
+                    return candidate
+        return path
+
+    def has_table(self, table: str) -> bool:
+        """Whether the run's folder holds that table (in either format)."""
+        return self.table_path(table).is_file()
+
+    def missing_table(self, table: str, needed_by: str) -> ConfigError:
+        """The error of a figure that needs a table the run did not write, saying why."""
+        if table == "iterations" and self.output.get("iterations") == "none":
+            why = "the run was written with output.iterations: none"
+            fix = "rerun with --set output.iterations=all"
+        elif table == "slots":
+            why = "the run did not record its slots"
+            fix = "rerun with --set metrics.record_slots=true"
+        else:
+            why = "a run written with --summary-only has none"
+            fix = ""
+        return ConfigError(
+            f"{self.path}: no {self.table_path(table).name} ({why}); {needed_by} needs it"
+            + (f": {fix}" if fix else "")
+        )
+
+    @property
+    def iterations_sample(self) -> int | None:
+        """N when the iterations table holds a sample of N of the run's iterations
+        (``output.iterations: {sample: N}`` and more iterations than N), else None."""
+        mode = self.output.get("iterations")
+        n = mode.get("sample") if isinstance(mode, dict) else None
+        total = self.summary.get("num_iterations")
+        if isinstance(n, int) and (not isinstance(total, int) or total > n):
+            return n
+        return None
+
+    def iterations_note(self) -> str | None:
+        """What a figure drawn from a sampled iterations table should say, else None."""
+        n = self.iterations_sample
+        if n is None:
+            return None
+        total = self.summary.get("num_iterations")
+        of = f" of {total:,}" if isinstance(total, int) else ""
+        return f"iterations: a sample of {n:,}{of} (output.iterations: {{sample: {n}}})"
+
+    def require_all_iterations(self, needed_by: str) -> None:
+        """Raise unless the run's iterations table holds every iteration."""
+        if not self.has_table("iterations"):
+            raise self.missing_table("iterations", needed_by)
+        note = self.iterations_note()
+        if note is not None:
+            raise ConfigError(
+                f"{self.table_path('iterations')} holds only some iterations ({note}); "
+                f"{needed_by} needs every iteration: rerun with --set output.iterations=all"
+            )
+
+    def _table(self, table: str, **csv_options: Any) -> pd.DataFrame:
+        path = self.table_path(table)
+        if not path.is_file():
+            raise ConfigError(
+                f"{self.path / (table + '.csv')}: no such file (a run written with "
+                "--summary-only has none)"
+            )
+        if path.suffix == ".parquet":
+            return _read_parquet(path)
+        return _read_csv(path, **csv_options)
+
     @functools.cached_property
     def requests(self) -> pd.DataFrame:
-        """``requests.csv``."""
-        return _read_csv(self.path / "requests.csv", keep_default_na=False, na_values=[""])
+        """``requests.csv`` (or ``requests.parquet``): empty cells and the ``nan`` of times
+        a request never reached are missing values (as in the Parquet file)."""
+        return self._table("requests", keep_default_na=False, na_values=["", "nan"])
 
     @functools.cached_property
     def iterations(self) -> pd.DataFrame:
-        """``iterations.csv``."""
-        return _read_csv(self.path / "iterations.csv")
+        """``iterations.csv`` (or ``iterations.parquet``): every iteration, or the sample
+        ``output.iterations`` asked for (:attr:`iterations_sample`)."""
+        return self._table("iterations")
 
     @functools.cached_property
     def slots(self) -> pd.DataFrame:
-        """``slots.csv`` (runs with ``metrics.record_slots: true``)."""
-        path = self.path / "slots.csv"
-        if not path.is_file():
+        """``slots.csv`` (or ``slots.parquet``; runs with ``metrics.record_slots: true``)."""
+        if not self.has_table("slots"):
             raise ConfigError(
                 f"{self.path}: no slots.csv; rerun with --set metrics.record_slots=true "
                 "to record which request sits in which batch slot"
             )
-        return _read_csv(path)
+        return self._table("slots")
 
     @property
     def has_csv(self) -> bool:
-        return (self.path / "iterations.csv").is_file() and (self.path / "requests.csv").is_file()
+        """Whether the run wrote its requests and iterations tables (CSV or Parquet)."""
+        return self.has_table("iterations") and self.has_table("requests")
+
+    def has_iteration_rows(self) -> bool:
+        """Whether the iterations table has a row, read no further than needed (its second
+        line, or a Parquet file's footer)."""
+        path = self.table_path("iterations")
+        try:
+            if path.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                return bool(pq.ParquetFile(path).metadata.num_rows)
+            with open(path, encoding="utf-8") as f:
+                return bool(f.readline()) and bool(f.readline().strip())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
 
 
 @dataclass

@@ -122,7 +122,7 @@ def decode_context(run: Run) -> tuple[int, str] | None:
     """Mean prompt + half the mean output, tokens, and where it came from: the finished
     requests of ``requests.csv``, or the workload's length distributions (None when neither
     is available: a trace replayed without its CSVs)."""
-    if (run.path / "requests.csv").is_file():
+    if run.has_table("requests"):
         requests = run.requests
         if "status" in requests:
             finished = requests[requests["status"].astype(str) == "finished"]

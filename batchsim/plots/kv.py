@@ -69,17 +69,14 @@ _ABOVE: dict[str, Any] = {
 
 
 def applies(source: Run | Study) -> bool:
-    """A run with ``requests.csv`` and an ``iterations.csv`` of at least one iteration."""
+    """A run with ``requests.csv`` and an ``iterations.csv`` of at least one iteration (or
+    their ``.parquet``)."""
     return isinstance(source, Run) and source.has_csv and has_iterations(source)
 
 
 def has_iterations(run: Run) -> bool:
-    """Whether the run's ``iterations.csv`` has a row (read no further than its second line)."""
-    try:
-        with open(run.path / "iterations.csv", encoding="utf-8") as f:
-            return bool(f.readline()) and bool(f.readline().strip())
-    except (OSError, UnicodeDecodeError):
-        return False
+    """Whether the run's iterations table has a row (read no further than needed)."""
+    return run.has_iteration_rows()
 
 
 def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
@@ -95,7 +92,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     start_s = iterations["start_time_s"].to_numpy(dtype=float)
     end_s = start_s + iterations["duration_ms"].to_numpy(dtype=float) / 1e3
     if not start_s.size:
-        raise ConfigError(f"{run.path}: iterations.csv has no iteration (nothing was scheduled)")
+        raise ConfigError(f"{run.table_path('iterations')}: no iteration (nothing was scheduled)")
     # by default from the first arrival (a static batch waits to fill) to the last iteration
     arrivals = requests["arrival_time_s"].to_numpy(dtype=float)
     first = min(float(start_s[0]), float(np.nanmin(arrivals)) if arrivals.size else np.inf)
@@ -136,7 +133,11 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
     finish(bottom, **_ABOVE)
 
-    fig.suptitle(f"KV cache and queue: {describe_run(run.config)}")
+    note = run.iterations_note()  # a sampled table: usage and batch drawn between its rows
+    fig.suptitle(
+        f"KV cache and queue: {describe_run(run.config)}"
+        + (f"\n{note}; KV usage and batch size drawn from it" if note else "")
+    )
     return fig
 
 
@@ -305,10 +306,7 @@ def _one_run(sources: Sequence[Run | Study]) -> Run:
             f"{source.path}: a {source.kind} study; kv draws one run (give the folder of one "
             "of its points, under points/)"
         )
-    for name in ("iterations.csv", "requests.csv"):
-        if not (source.path / name).is_file():
-            raise ConfigError(
-                f"{source.path}: no {name} (a run written with --summary-only has none); "
-                "kv needs it"
-            )
+    for table in ("iterations", "requests"):
+        if not source.has_table(table):
+            raise source.missing_table(table, "kv")
     return source

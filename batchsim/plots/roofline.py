@@ -89,7 +89,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     iterations = run.iterations
     absent = [c for c in COLUMNS if c not in iterations.columns]
     if absent:
-        raise ConfigError(f"{run.path / 'iterations.csv'}: no column {absent[0]!r}")
+        raise ConfigError(f"{run.table_path('iterations')}: no column {absent[0]!r}")
     hardware, dtype = _hardware(run)
     roofs = Roofs.of(hardware, dtype)
 
@@ -133,6 +133,9 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     per_gpu = " per GPU" if _tp(run.config) > 1 else ""
     ax.set_ylabel(f"achieved TFLOP/s{per_gpu} (FLOPs / GPU time)")
     notes = [f"{roofs.dtype} peaks of {hardware.name}"]
+    sampled = run.iterations_note()
+    if sampled:
+        notes.append(sampled)
     if total > chosen.size:
         notes.append(f"a sample of {chosen.size:,} of {total:,} iterations drawn")
     if per_gpu:
@@ -246,11 +249,8 @@ def _one_run(sources: Sequence[Run | Study]) -> Run:
             f"{source.path}: a {source.kind} study; roofline draws one run (give the folder "
             "of one of its points, under points/)"
         )
-    if not (source.path / "iterations.csv").is_file():
-        raise ConfigError(
-            f"{source.path}: no iterations.csv (a run written with --summary-only has none); "
-            "roofline needs it"
-        )
+    if not source.has_table("iterations"):
+        raise source.missing_table("iterations", "roofline")
     return source
 
 

@@ -36,7 +36,13 @@ STATE_LABELS = {
 
 
 def applies(source: Run | Study) -> bool:
-    return isinstance(source, Run) and (source.path / "slots.csv").is_file()
+    """A run with its slots and every iteration (a slot names iterations by number)."""
+    return (
+        isinstance(source, Run)
+        and source.has_table("slots")
+        and source.has_table("iterations")
+        and source.iterations_sample is None
+    )
 
 
 def rectangles(run: Run, start: float | None, end: float | None) -> dict[str, np.ndarray]:
@@ -71,10 +77,11 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     for source in sources:
         if not isinstance(source, Run):
             raise ConfigError(f"{source.path}: timeline draws runs, not a {source.kind}")
-        if not applies(source):
+        if not source.has_table("slots"):
             raise ConfigError(
                 f"{source.path}: no slots.csv; rerun with --set metrics.record_slots=true"
             )
+        source.require_all_iterations("timeline")
         runs.append(source)
     if len(runs) > MAX_RUNS:
         raise ConfigError(f"timeline draws at most {MAX_RUNS} runs, got {len(runs)}")

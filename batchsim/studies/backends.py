@@ -23,9 +23,17 @@ from batchsim.errors import ConfigError
 
 BACKENDS = ("local", "ray")
 
-CSV_FILES = ("requests.csv", "iterations.csv", "slots.csv")
-"""The per-request and per-iteration files a worker writes into its point's folder (slots.csv
-only for runs that record their slots)."""
+CSV_FILES = (
+    "requests.csv",
+    "iterations.csv",
+    "slots.csv",
+    "requests.parquet",
+    "iterations.parquet",
+    "slots.parquet",
+)
+"""The per-request and per-iteration tables a worker may write into its point's folder, in the
+point's ``output.format`` (slots only for runs that record their slots, iterations unless
+``output.iterations: none``)."""
 
 
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
@@ -33,7 +41,8 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
 
     Args:
         task: ``{"config": <ExperimentConfig.model_dump()>, "csv_dir": <folder or None>}``;
-            with ``csv_dir``, ``requests.csv`` and ``iterations.csv`` are written there.
+            with ``csv_dir``, the point's tables (``requests.csv`` and ``iterations.csv``, or
+            as its ``output:`` block says) are written there.
 
     Returns:
         ``{"summary": dict | None, "error": str, "internal": bool, "wall_time_s": float}``;

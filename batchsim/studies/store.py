@@ -6,7 +6,8 @@
       sweep.json            what was swept (kind, base experiment, axes, seeds); marks DIR
       sweep.csv             one row per point (capacity: capacity.csv)
       points/<label>/       config.yaml, summary.json (or error.txt), point.json,
-                            requests.csv and iterations.csv unless --summary-only
+                            requests.csv and iterations.csv unless --summary-only (or
+                            .parquet, as the experiment's output: block says)
 
 A point is *finished* when its ``point.json`` says it ran and carries the point's key: a hash
 of its resolved config, the contents of the files it reads (traces, profiles) and the
@@ -27,13 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchsim.config import ExperimentConfig, dump_config
+from batchsim.config import ExperimentConfig, OutputConfig, dump_config
 from batchsim.errors import ConfigError
-from batchsim.simulation import OUTPUT_FILES, SLOTS_FILE, summary_json
+from batchsim.simulation import ALL_OUTPUT_FILES, output_files, summary_json
+
+_DEFAULT_OUTPUT = OutputConfig().model_dump()
 
 MARKER = "sweep.json"
 POINTS = "points"
-POINT_FILES = (*OUTPUT_FILES, SLOTS_FILE, "error.txt", "point.json")
+POINT_FILES = (*ALL_OUTPUT_FILES, "error.txt", "point.json")
 
 
 @dataclass
@@ -117,6 +120,8 @@ class FileDigests:
         from batchsim import __version__
 
         data = config.model_dump()
+        if data.get("output") == _DEFAULT_OUTPUT:  # the key it had before output: existed
+            del data["output"]
         files: dict[str, str | None] = {}
 
         def walk(node: Any) -> None:
@@ -167,7 +172,9 @@ class PointStore:
                 and record.get("key") == self.key(point)
             ):
                 return None
-            if need_csv and not all((folder / name).is_file() for name in OUTPUT_FILES):
+            if need_csv and not all(
+                (folder / name).is_file() for name in output_files(point.config)
+            ):
                 return None
             summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
