@@ -322,7 +322,10 @@ def _tag(tag: str) -> str:
 
 
 def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+    # a key with line breaks or other unprintable characters is shown escaped: an error
+    # message stays one line
+    shown = key if key.isprintable() else repr(key)
+    return f"{path}.{shown}" if path else shown
 
 
 def _short(text: Any, *, quote: bool = True) -> str:
