@@ -23,16 +23,19 @@ def _arrow_column(values: Any, empty_as_null: bool = False):
     (Building from buffers keeps pyarrow from importing pandas, which costs a CLI run a
     noticeable fraction of a second.) Text is written as strings; with ``empty_as_null`` an
     empty text is a null (Parquet's "no value"; CSV writes both as an empty field). A
-    :class:`Labels` column stays a dictionary array, which the CSV writer prints as its
-    strings: casting it here would import ``pyarrow.compute`` (~30 ms of start-up).
+    :class:`Labels` column stays a dictionary array for the CSV writer, which prints it as its
+    strings (casting it would import ``pyarrow.compute``, ~30 ms of start-up); Parquet gets
+    it decoded.
     """
     import pyarrow as pa
 
     if isinstance(values, Labels):
         codes = np.ascontiguousarray(values.codes, dtype=np.int32)
-        return pa.DictionaryArray.from_arrays(
+        labels = pa.DictionaryArray.from_arrays(
             _arrow_column(codes), _arrow_column(np.asarray(values.labels, dtype=object))
         )
+        # Parquet: a plain string column, as the other text columns (readers see strings)
+        return labels.dictionary_decode() if empty_as_null else labels
     array = np.asarray(values)
     kind = array.dtype.str[1:]
     if kind in _ARROW_TYPES:
