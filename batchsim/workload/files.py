@@ -305,7 +305,8 @@ def _nonnegative_floats(
     values: Sequence[Any], lines: Sequence[int], name: str, shown: str
 ) -> np.ndarray:
     try:
-        arr = np.asarray(values).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):  # too large: inf, reported below
+            arr = np.asarray(values).astype(np.float64)
         if np.all(np.isfinite(arr)) and (arr.size == 0 or arr.min() >= 0):
             return arr
     except (ValueError, TypeError):
