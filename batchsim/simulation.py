@@ -295,6 +295,25 @@ def is_batchsim_run(directory: Path) -> bool:
 _MAX_SUMMARY_BYTES = 1 << 24
 
 
+def check_new_dir(target: Path) -> bool:
+    """True if ``target`` does not exist and may be created (its nearest existing ancestor is
+    a directory), False if it is an existing directory.
+
+    Raises:
+        ConfigError: ``target`` is a file, or lies under one.
+    """
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"cannot write {target}: it exists and is not a directory")
+    if target.exists():
+        return False
+    ancestor = target.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise ConfigError(f"cannot write {target}: {ancestor} is not a directory")
+    return True
+
+
 def check_output_dir(out_dir: str | Path) -> Path:
     """Check that batchsim may write its output files into ``out_dir``.
 
@@ -308,14 +327,7 @@ def check_output_dir(out_dir: str | Path) -> Path:
         ConfigError: Naming the directory and why; nothing has been written.
     """
     target = Path(out_dir)
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"cannot write {target}: it exists and is not a directory")
-    if not target.exists():
-        ancestor = target.parent
-        while not ancestor.exists() and ancestor != ancestor.parent:
-            ancestor = ancestor.parent
-        if ancestor.exists() and not ancestor.is_dir():
-            raise ConfigError(f"cannot write {target}: {ancestor} is not a directory")
+    if check_new_dir(target):
         return target
     clashing = [name for name in ALL_OUTPUT_FILES if os.path.lexists(target / name)]
     if clashing and not is_batchsim_run(target):

@@ -685,9 +685,9 @@ def test_browser_sorts_missing_values_last(sweep_dir, tmp_path, no_real_kinds):
 def test_chromium_console_pattern():
     line = (
         '[9316:9316:1201/004429.444158:INFO:CONSOLE:2] "Uncaught ReferenceError: x is not '
-        'defined", source: file:///tmp/r.html (2)'
+        'defined", source: file:///reports/r.html (2)'
     )
     match = CONSOLE.search(line)
-    assert match and match["source"] == "file:///tmp/r.html"
-    older = '[1:1:0101/000000.0:INFO:CONSOLE(12)] "oops", source: file:///tmp/r.html (12)'
+    assert match and match["source"] == "file:///reports/r.html"
+    older = '[1:1:0101/000000.0:INFO:CONSOLE(12)] "oops", source: file:///reports/r.html (12)'
     assert CONSOLE.search(older)

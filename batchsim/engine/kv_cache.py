@@ -12,7 +12,7 @@ This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.error
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,21 @@ def kv_capacity_blocks(
             "parallel.tensor_parallel_size, or a smaller engine.dtype"
         )
     return blocks
+
+
+def most_steps_that_fit(need: Callable[[int], int], limit: int, free: int) -> int:
+    """The largest k <= ``limit`` with ``need(k) <= free`` blocks, for ``need`` non-decreasing
+    and ``need(1) <= free`` (the first step is allocated already): by bisection."""
+    if need(limit) <= free:
+        return limit
+    lo, hi = 1, limit  # need(lo) <= free, need(hi) > free
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if need(mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class KVCacheManager:
@@ -192,16 +207,7 @@ class KVCacheManager:
                     total += blocks - r.num_blocks
             return total
 
-        if need(limit) <= free:
-            return limit
-        lo, hi = 1, limit  # need(lo) <= free (step 1 is allocated), need(hi) > free
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return most_steps_that_fit(need, limit, free)
 
     def usage_during_growth(self, requests: Sequence[Request], num_steps: int) -> Any:
         """Usage at each of ``num_steps`` decode iterations of ``requests`` from now (the
@@ -259,16 +265,7 @@ class KVCacheManager:
         def need(k: int) -> int:
             return n * ((k - 1) // bs) + at_least[bs - (k - 1) % bs]
 
-        if need(limit) <= free:
-            return limit
-        lo, hi = 1, limit  # need(lo) <= free (step 1 is allocated), need(hi) > free
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return most_steps_that_fit(need, limit, free)
 
     # -------------------------------------------------------------- swapping
     def can_swap_out(self, request: Request) -> bool:

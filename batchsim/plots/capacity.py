@@ -18,7 +18,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import ConfigError
-from batchsim.plots.data import Run, Study, value_text, values_label
+from batchsim.plots.data import Run, Study, finite_number, value_text, values_label
 from batchsim.plots.style import color_for, describe_study, metric_label, new_figure
 
 if TYPE_CHECKING:
@@ -53,14 +53,6 @@ def _study(sources: list[Run | Study]) -> Study:
             f"draws the folder of {HOW}"
         )
     return source
-
-
-def _number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return number if math.isfinite(number) else math.nan
 
 
 def _num(text: str) -> str:
@@ -148,7 +140,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         colors.append(color_for(policy, policies.setdefault(policy, len(policies))))
         error = row.get("error")
         error = "" if error is None or pd.isna(error) else str(error).strip()
-        rate = _number(row["max_request_rate"])
+        rate = finite_number(row["max_request_rate"])
         if error or math.isnan(rate):
             rates.append(math.nan)
             notes.append(textwrap.fill(f"error: {error or 'not simulated'}", WRAP))
@@ -156,10 +148,10 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             continue
         failed.append(False)
         rates.append(rate)
-        gpus = _number(row.get("num_gpus", 1))
+        gpus = finite_number(row.get("num_gpus", 1))
         head = f"{rate:,.3g} req/s" if rate > 0 else "none sustained"
         if not math.isnan(gpus) and gpus != 1 and rate > 0:
-            per_gpu = _number(row.get("max_request_rate_per_gpu", rate / gpus))
+            per_gpu = finite_number(row.get("max_request_rate_per_gpu", rate / gpus))
             head += f" = {per_gpu:,.3g} req/s per GPU × {gpus:g} GPUs"
         limit = short_limit(str(row.get("limited_by", "") or ""))
         notes.append(head + ("\n" + textwrap.fill(f"limit: {limit}", WRAP) if limit else ""))

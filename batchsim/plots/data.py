@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,15 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 
 
 TABLE_FORMATS = ("csv", "parquet")
+
+
+def finite_number(value: Any) -> float:
+    """A table cell as a float; NaN when it is empty, not a number, or not finite."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return number if math.isfinite(number) else math.nan
 
 
 def ok_rows(table: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import ConfigError
-from batchsim.plots.data import Run, Series, Study, value_text
+from batchsim.plots.data import Run, Series, Study, finite_number, value_text
 from batchsim.plots.style import describe_study, new_figure, series_colors
 
 if TYPE_CHECKING:
@@ -77,16 +77,8 @@ def _study(sources: list[Run | Study]) -> Study:
     return source
 
 
-def _number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return number if math.isfinite(number) else math.nan
-
-
 def _column(rows: pd.DataFrame, name: str) -> list[float]:
-    return [_number(v) for v in rows[name]] if name in rows else [math.nan] * len(rows)
+    return [finite_number(v) for v in rows[name]] if name in rows else [math.nan] * len(rows)
 
 
 def _errors(rows: pd.DataFrame, name: str) -> list[float] | None:
@@ -158,7 +150,7 @@ def _slo(config: dict[str, Any]) -> dict[str, float]:
     slo = config.get("slo") or {}
     if not isinstance(slo, dict):
         return {}
-    return {k: float(v) for k, v in slo.items() if not math.isnan(_number(v))}
+    return {k: float(v) for k, v in slo.items() if not math.isnan(finite_number(v))}
 
 
 def _y_scale(ax: Axes, values: list[float]) -> None:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
-from batchsim.engine.kv_cache import KVCacheManager, num_blocks_for
+from batchsim.engine.kv_cache import KVCacheManager, most_steps_that_fit, num_blocks_for
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
 from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
@@ -517,16 +517,9 @@ class Scheduler(abc.ABC):
         free = kv.num_free_blocks
         prompt_blocks = max(0, -(-(computed + remaining) // bs) - held)
         most = batch.members * ((steps - 1) // bs + 1) + prompt_blocks  # >= need(steps)
-        if most <= free or need(steps) <= free:
+        if most <= free:
             return steps
-        lo, hi = 1, steps  # need(lo) <= free, need(hi) > free
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return most_steps_that_fit(need, steps, free)
 
     def _promote(self, cohort: Cohort) -> list[tuple[int, Request]]:
         """Let the running decodes outside the cohort join it; return (position, request)

@@ -30,7 +30,7 @@ from typing import Any
 
 from batchsim.config import ExperimentConfig, OutputConfig, dump_config
 from batchsim.errors import ConfigError
-from batchsim.simulation import ALL_OUTPUT_FILES, output_files, summary_json
+from batchsim.simulation import ALL_OUTPUT_FILES, check_new_dir, output_files, summary_json
 
 _DEFAULT_OUTPUT = OutputConfig().model_dump()
 
@@ -229,14 +229,7 @@ def check_study_dir(root: Path, kind: str) -> None:
     Raises:
         ConfigError: Naming the folder and why; nothing has been written.
     """
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"cannot write {root}: it exists and is not a directory")
-    if not root.exists():
-        ancestor = root.parent
-        while not ancestor.exists() and ancestor != ancestor.parent:
-            ancestor = ancestor.parent
-        if not ancestor.is_dir():
-            raise ConfigError(f"cannot write {root}: {ancestor} is not a directory")
+    if check_new_dir(root):
         return
     marker = root / MARKER
     try:
