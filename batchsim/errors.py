@@ -40,6 +40,15 @@ class ConfigError(BatchsimError, ValueError):
         return ConfigError(self.message, source, line if line is not None else self.line)
 
 
+def write_error(path: object, exc: OSError) -> ConfigError:
+    """``cannot write PATH: [Errno N] reason``: an output the OS refused (exit code 2)."""
+    if exc.errno is not None and exc.strerror:
+        reason = f"[Errno {exc.errno}] {exc.strerror}"
+    else:
+        reason = str(exc)
+    return ConfigError(f"cannot write {path}: {reason}")
+
+
 class PolicyError(ConfigError):
     """A batching policy written outside batchsim (``package.module:Class``) broke a rule of
     the scheduler interface: it raised, returned something that is not an iteration, or

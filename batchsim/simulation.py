@@ -38,7 +38,7 @@ from batchsim.config import (
 from batchsim.cost import RooflineCostModel
 from batchsim.engine.engine import Engine, EngineOptions
 from batchsim.engine.kv_cache import KVCacheManager, kv_capacity_blocks
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, write_error
 from batchsim.metrics.logs import (
     ITERATION_COLUMNS,
     REQUEST_COLUMNS,
@@ -178,7 +178,7 @@ class Result:
                 if name not in self.files:
                     (target / name).unlink(missing_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot write {target}: {_os_reason(exc)}") from exc
+            raise write_error(target, exc) from exc
         return target
 
     def write_files(self, out_dir: str | Path, names: Sequence[str] = OUTPUT_FILES) -> None:
@@ -236,12 +236,6 @@ class Result:
 def summary_json(summary: Mapping[str, Any]) -> str:
     """The text of ``summary.json`` (NaN and infinity as null)."""
     return json.dumps(_jsonable(summary), indent=2) + "\n"
-
-
-def _os_reason(exc: OSError) -> str:
-    if exc.errno is not None and exc.strerror:
-        return f"[Errno {exc.errno}] {exc.strerror}"
-    return str(exc)
 
 
 def _make_dirs(directory: Path) -> list[Path]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import batchsim.plots as plots
 from batchsim import __version__
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, write_error
 from batchsim.plots.data import Run, Study, load
 from batchsim.plots.style import DPI, describe_run
 
@@ -98,8 +98,7 @@ def write_report(path: str | Path, out: str | Path) -> Path:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
-        raise ConfigError(f"cannot write {target}: {reason}") from exc
+        raise write_error(target, exc) from exc
     return target
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, write_error
 
 matplotlib.use("Agg")
 
@@ -245,8 +245,7 @@ def save(fig: Figure, path: str | Path) -> Path:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
-        raise ConfigError(f"cannot write {target}: {reason}") from None
+        raise write_error(target, exc) from None
     return target
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from batchsim.config import ExperimentConfig, OutputConfig, dump_config
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, write_error
 from batchsim.simulation import ALL_OUTPUT_FILES, check_new_dir, output_files, summary_json
 
 _DEFAULT_OUTPUT = OutputConfig().model_dump()
@@ -74,12 +74,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.summary is not None
-
-
-def os_error(path: Path, exc: OSError) -> ConfigError:
-    """``cannot write PATH: [Errno N] reason`` (exit code 2 on the command line)."""
-    reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
-    return ConfigError(f"cannot write {path}: {reason}")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -197,7 +191,7 @@ class PointStore:
                 elif leftover.name.endswith(".tmp"):
                     leftover.unlink(missing_ok=True)
         except OSError as exc:
-            raise os_error(folder, exc) from None
+            raise write_error(folder, exc) from None
         return folder
 
     def record(self, point: Point, outcome: Outcome, values: dict[str, Any]) -> None:
@@ -220,7 +214,7 @@ class PointStore:
             }
             write_atomic(folder / "point.json", json.dumps(record, indent=2, default=str) + "\n")
         except OSError as exc:
-            raise os_error(folder, exc) from None
+            raise write_error(folder, exc) from None
 
 
 def check_study_dir(root: Path, kind: str) -> None:
@@ -235,7 +229,7 @@ def check_study_dir(root: Path, kind: str) -> None:
     try:
         entries = [p.name for p in root.iterdir() if not p.name.startswith(".")]
     except OSError as exc:
-        raise os_error(root, exc) from None
+        raise write_error(root, exc) from None
     if not entries:
         return
     try:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, ValidationError
 
 from batchsim.config import ExperimentConfig, ExperimentSource
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, write_error
 from batchsim.studies.grid import (
     MAX_POINTS,
     Axis,
@@ -53,7 +53,6 @@ from batchsim.studies.store import (
     Outcome,
     Point,
     PointStore,
-    os_error,
     write_atomic,
 )
 from batchsim.validation import ConfigModel, StrictInt, config_error_from_pydantic
@@ -343,7 +342,7 @@ def write_table(table: pd.DataFrame, root: Path, stem: str) -> None:
         frame.to_parquet(tmp, index=False)
         tmp.replace(root / f"{stem}.parquet")
     except OSError as exc:
-        raise os_error(root, exc) from None
+        raise write_error(root, exc) from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -369,7 +368,7 @@ def write_marker(plan: SweepPlan, root: Path, num_points: int) -> None:
         root.mkdir(parents=True, exist_ok=True)
         write_atomic(root / MARKER, json.dumps(record, indent=2, default=str) + "\n")
     except OSError as exc:
-        raise os_error(root, exc) from None
+        raise write_error(root, exc) from None
 
 
 @dataclass
