@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from batchsim.config import validate_experiment
@@ -190,8 +190,47 @@ def test_same_seed_gives_an_identical_summary(data):
     assert first.iterations.equals(second.iterations)
 
 
+# A preempted request recomputes its prompt and outputs in 8-token chunks; its last chunk is
+# one token, which make_output() counts as a decode (one token left, outputs so far).
+_RECOMPUTE_TAIL = {
+    "name": "tiny",
+    "seed": 65536,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {"policy": "chunked_prefill", "max_num_seqs": 3, "max_num_batched_tokens": 9},
+    "workload": {
+        "num_requests": 3,
+        "prompt_tokens": {"dist": "uniform", "min": 25, "max": 30},
+        "output_tokens": {"dist": "uniform", "min": 6, "max": 37},
+        "arrival": {"process": "poisson", "rate": 7.0},
+    },
+    "engine": {"num_gpu_blocks": 28, "block_size": 4, "async_scheduling": False},
+}
+
+# The last request finishes at 0.294842 s, when the next iteration starts: whether that
+# iteration counts in the summary must not depend on the rounding of either path's times.
+_ENDS_AT_A_START = {
+    "name": "tiny",
+    "seed": 346,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {"policy": "chunked_prefill", "max_num_seqs": 2, "max_num_batched_tokens": 248},
+    "workload": {
+        "num_requests": 2,
+        "prompt_tokens": {"dist": "uniform", "min": 247, "max": 248},
+        "output_tokens": {"dist": "uniform", "min": 26, "max": 29},
+        "concurrency": 2,
+        "think_time_ms": {"dist": "fixed", "value": 0},
+        "cancel_after_ms": {"dist": "uniform", "min": 295.0, "max": 295.0},
+    },
+    "engine": {"num_gpu_blocks": 35, "block_size": 16, "async_scheduling": True},
+}
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(experiments())
+@example(_RECOMPUTE_TAIL)
+@example(_ENDS_AT_A_START)
 def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
     # Decode stretches, priced and logged as runs, expand to exactly the iterations that
     # stepping one by one produces: every column, every request, the whole summary.

@@ -254,10 +254,12 @@ class StretchRunner:
             if done == full:  # the prompt's last chunk: shorter, and it samples
                 last = remaining - full * q
                 context = computed + full * q
+                # A recomputed request's last token alone is a decode (as make_output() says)
+                as_decode = last == 1 and request.num_output_tokens > 0
                 at = BatchShape(
                     shape.num_seqs,
-                    last,
-                    decodes,
+                    0 if as_decode else last,
+                    decodes + 1 if as_decode else decodes,
                     0,
                     shape.num_sampled_tokens + 1,
                     shape.kv_read_tokens + full * kv_step,
@@ -269,8 +271,8 @@ class StretchRunner:
                     output.requests,
                     tokens,
                     at,
-                    num_prefill_seqs=1,
-                    num_decode_seqs=output.num_decode_seqs,
+                    num_prefill_seqs=0 if as_decode else 1,
+                    num_decode_seqs=output.num_decode_seqs + as_decode,
                     num_slots=output.num_slots,
                     num_output_tokens=output.num_output_tokens + 1,
                 )

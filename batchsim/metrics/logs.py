@@ -441,7 +441,10 @@ class IterationLog:
         out = dict.fromkeys(keys, 0.0)
         for window in self._windows():
             start, end = window.get("start_time_s"), window.get("end_time_s")
-            inside = (start >= lo) & (start < hi)
+            # bounds are event times (an arrival, a finish) that an iteration may start at:
+            # within TIME_EPS of one, a start is taken to be at it, whatever the float rounding
+            # of the path that computed it (runs expanded or stepped one by one)
+            inside = (start >= lo - TIME_EPS) & (start < hi - TIME_EPS)
             out["num_counted"] += float(np.count_nonzero(inside))
             for key in _SUMMED:  # one expanded column at a time
                 out[key] += float(window.get(key)[inside].sum(dtype=float))
@@ -452,6 +455,11 @@ class IterationLog:
             covered = np.minimum(end, hi) - np.maximum(start, lo)
             out["busy_s"] += float(covered[covered > 0].sum())
         return out
+
+
+TIME_EPS = 1e-9
+"""Seconds within which an iteration's start is taken to be at a window bound (far below any
+iteration's duration, far above the rounding of simulated times)."""
 
 
 class _Window:
