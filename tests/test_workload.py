@@ -423,7 +423,7 @@ def test_azure_conv_sample_loads_2000_rows_with_the_file_values() -> None:
     np.testing.assert_allclose(table.arrival_time[:3], [0.0, 4.314579, 4.541877], atol=1e-6)
     assert table.prompt_tokens[:3].tolist() == [374, 396, 879]
     assert table.output_tokens[:3].tolist() == [44, 109, 55]
-    assert table.prefix_hash_ids is None
+    assert table.prefix is None
 
 
 def test_azure_code_sample_loads_500_rows() -> None:
@@ -438,8 +438,30 @@ def test_mooncake_sample_loads_times_lengths_and_prefix_hash_ids() -> None:
     np.testing.assert_allclose(table.arrival_time[:4], [0.0, 0.0, 0.040, 0.277])
     assert table.prompt_tokens[:2].tolist() == [40160, 36640]
     assert table.output_tokens[:2].tolist() == [6, 4]
-    assert table.prefix_hash_ids is not None and len(table.prefix_hash_ids) == 200
-    assert table.prefix_hash_ids[0][:3] == [0, 1, 2] and len(table.prefix_hash_ids[0]) == 79
+    assert table.prefix is not None and len(table.prefix) == 200
+    # the first line: 40,160 prompt tokens, hash_ids 0..78 of 512 tokens each, the last one
+    # holding what the prompt leaves: 40,160 - 78 x 512 = 224 tokens
+    first = table.prefix.segments(0)
+    assert first is not None and len(first) == 79
+    assert first[:3] == ((0, 512), (1, 512), (2, 512)) and first[-1] == (78, 224)
+    assert sum(tokens for _, tokens in first) == 40160
+
+
+def test_mooncake_hash_ids_past_the_prompt_are_dropped_and_short_lists_leave_own_tokens(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [7, 8, 9]}',
+        '{"timestamp": 1, "input_length": 1500, "output_length": 2, "hash_ids": [7]}',
+        '{"timestamp": 2, "input_length": 10, "output_length": 2, "hash_ids": []}',
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    table = generate(trace_workload(path=str(path), format="mooncake"), 0)
+    assert table.prefix is not None
+    assert table.prefix.segments(0) == ((7, 512), (8, 88))  # 600 = 512 + 88: id 9 is past it
+    assert table.prefix.segments(1) == ((7, 512),)  # 988 tokens of its own after the block
+    assert table.prefix.segments(2) is None
 
 
 def test_time_scale_half_replays_twice_as_fast() -> None:

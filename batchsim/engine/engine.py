@@ -167,6 +167,7 @@ class ArrivalSource:
             max_tokens=int(table.output_tokens[index]),
             cancel_time=cancel,
             user_id=user,
+            prefix_segments=None if table.prefix is None else table.prefix.segments(index),
         )
 
 

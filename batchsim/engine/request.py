@@ -67,6 +67,7 @@ _FIELDS = (
     "user_id",
     "last_token_iteration",
     "token_segments",
+    "prefix_segments",
 )
 
 
@@ -96,6 +97,8 @@ class Request:
         reject_reason: Why it was rejected ('' if it was not).
         user_id: Closed-loop workloads: the user who sent the request; -1 for open-loop
             arrivals.
+        prefix_segments: The shared content its sequence starts with,
+            ``((content_id, num_tokens), ...)`` (:mod:`batchsim.workload.prefix`), or None.
         last_token_iteration: Index of the iteration that sampled the request's latest token
             (-1: none yet).
         token_segments: When the tokens came: runs of consecutive iterations that each sampled
@@ -123,6 +126,7 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "num_swaps",
+        "prefix_segments",
         "reject_reason",
         "request_id",
         "status",
@@ -150,6 +154,7 @@ class Request:
         user_id: int = -1,
         last_token_iteration: int = -1,
         token_segments: list[int] | None = None,
+        prefix_segments: tuple[tuple[int, int], ...] | None = None,
     ):
         self.request_id = request_id
         self.arrival_time = arrival_time
@@ -170,6 +175,7 @@ class Request:
         self.user_id = user_id
         self._last = last_token_iteration
         self._segments = [] if token_segments is None else token_segments
+        self.prefix_segments = prefix_segments
         self._group: Cohort | None = None
         self._joined = 0  # cohort step at which the request joined
         self._ticket = 0  # which membership (a request may join, leave and join again)

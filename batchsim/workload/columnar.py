@@ -72,6 +72,10 @@ class HashIds(Sequence[list[int]]):
         i = range(len(self))[index]
         return self._values[self._offsets[i] : self._offsets[i + 1]].tolist()
 
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, offsets)``: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``."""
+        return self._values, self._offsets
+
     def head(self, rows: int) -> HashIds:
         """The first ``rows`` rows."""
         return HashIds(self._values, self._offsets[: rows + 1])

@@ -7,6 +7,7 @@ synthetic or trace-replayed requests into parallel numpy arrays.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 from batchsim.errors import ConfigError
 from batchsim.validation import MAX_MS, MAX_SECONDS, MAX_TOKENS
 from batchsim.workload.config import WorkloadConfig
+from batchsim.workload.prefix import PrefixTable
 from batchsim.workload.traces import load_trace
 
 
@@ -37,13 +39,14 @@ class RequestTable:
     """Closed loop: seconds a user waits after its previous request finished, else None."""
     concurrency: int | None = None
     """Closed loop: number of users, else None."""
-    prefix_hash_ids: list | None = field(default=None)
-    """Mooncake ``hash_ids`` per request (512-token prefix blocks), else None."""
+    prefix: PrefixTable | None = field(default=None)
+    """What each request's sequence shares with others (:mod:`batchsim.workload.prefix`),
+    or None when nothing is shared."""
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
         assert len(self.arrival_time) == n and len(self.output_tokens) == n, "length mismatch"
-        for name in ("cancel_after", "think_time", "prefix_hash_ids"):
+        for name in ("cancel_after", "think_time", "prefix"):
             value = getattr(self, name)
             assert value is None or len(value) == n, f"{name} length mismatch"
 
@@ -92,7 +95,7 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     rngs = _child_rngs(int(seed))
     closed = cfg.concurrency is not None
-    hash_ids: list | None = None
+    prefix: PrefixTable | None = None
 
     if cfg.trace is not None:
         trace = load_trace(cfg.trace, base_dir, limit=cfg.num_requests)  # reads only those rows
@@ -121,7 +124,7 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         prompt = trace.prompt_tokens[:n].copy()
         output = trace.output_tokens[:n].copy()
         if trace.hash_ids is not None:
-            hash_ids = list(trace.hash_ids[:n])
+            prefix = _hash_id_prefixes(trace.hash_ids, prompt)
     else:
         assert cfg.prompt_tokens is not None and cfg.output_tokens is not None
         if closed:
@@ -162,5 +165,20 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         cancel_after=cancel,
         think_time=think,
         concurrency=cfg.concurrency,
-        prefix_hash_ids=hash_ids,
+        prefix=prefix,
     )
+
+
+def _hash_id_prefixes(hash_ids: Sequence[list[int]], prompt: np.ndarray) -> PrefixTable:
+    """The segments of Mooncake ``hash_ids`` (of the first ``len(prompt)`` rows)."""
+    n = len(prompt)
+    flat = getattr(hash_ids, "flat", None)  # a HashIds from the columnar reader
+    if flat is not None:
+        values, offsets = flat()
+        offsets = offsets[: n + 1]
+    else:
+        rows = list(hash_ids[:n])
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=offsets[1:])
+        values = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(offsets[-1]))
+    return PrefixTable.from_hash_ids(values, offsets, prompt)
