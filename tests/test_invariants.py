@@ -226,10 +226,28 @@ _ENDS_AT_A_START = {
     "engine": {"num_gpu_blocks": 35, "block_size": 16, "async_scheduling": True},
 }
 
+# Both requests arrive when the engine is idle: each starts the moment it arrives (a queue
+# delay of exactly 0), whichever path the clock took to get there.
+_IDLE_ARRIVALS = {
+    "name": "tiny",
+    "seed": 76,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {"policy": "static", "max_num_seqs": 1, "max_num_batched_tokens": 8},
+    "workload": {
+        "num_requests": 2,
+        "prompt_tokens": {"dist": "uniform", "min": 1, "max": 1},
+        "output_tokens": {"dist": "uniform", "min": 1, "max": 35},
+        "arrival": {"process": "gamma", "rate": 0.609375, "cv": 0.5625},
+    },
+    "engine": {"num_gpu_blocks": 3, "block_size": 16, "async_scheduling": False},
+}
+
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(experiments())
 @example(_RECOMPUTE_TAIL)
+@example(_IDLE_ARRIVALS)
 @example(_ENDS_AT_A_START)
 def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
     # Decode stretches, priced and logged as runs, expand to exactly the iterations that

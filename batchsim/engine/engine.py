@@ -309,10 +309,14 @@ class Engine:
         guarded = self.guarded
         on_step = self.on_step
         idle_wakeups = steps_without_token = 0
+        # The engine's own clock: exactly the times it computed (an iteration's end, the
+        # arrival or timer it slept until). SimPy's clock only sleeps it, and env.now + (t -
+        # env.now) may round an ulp away from t: a request would then wait 1e-16 s on one
+        # path and not at all on another.
+        now = env.now
         while True:
             if on_step is not None:
                 on_step(self)
-            now = env.now
             self._deliver_due(now)
             ended = source.exhausted()
             if ended != scheduler.end_of_input:
@@ -335,7 +339,8 @@ class Engine:
                         f"woke the engine {MAX_IDLE_WAKEUPS:,} times in a row on its timer "
                         "without scheduling anything"
                     )
-                yield env.timeout(wake - now)
+                yield env.timeout(max(0.0, wake - env.now))
+                now = wake
                 continue
             idle_wakeups = 0
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
@@ -349,8 +354,8 @@ class Engine:
                 self.slot_log.record(
                     output, scheduler.running, times.first_iteration, times.num_steps
                 )
-            yield env.timeout(times.end - now)
-            self._last_end = env.now
+            yield env.timeout(max(0.0, times.end - env.now))
+            now = self._last_end = times.end
             if guarded:
                 finished = self._call(
                     "update_from_output", scheduler.update_from_output, output, times
