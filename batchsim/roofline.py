@@ -224,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         "ideal": bool(args.ideal),
         "context_len": context,
         "ridge_point": cost_model.ridge_point,
+        "ridge_point_datasheet": hardware.ridge_point(cost_model.compute_dtype),
         "knee_batch_size": knee,
         "rows": rows,
     }
@@ -307,9 +308,16 @@ def _write_table(result: dict[str, Any], decode: bool, out: TextIO) -> None:
         if knee is not None
         else f"decode stays memory-bound up to B = {MAX_KNEE_BATCH}"
     )
+    ridge = f"ridge point {result['ridge_point']:.0f} FLOP/B"
+    if result["ideal"]:
+        ridge += " (datasheet)"
+    else:  # the profile's efficiencies move it from the one `batchsim list hardware` shows
+        ridge += (
+            f" (achievable peak / achievable bandwidth; datasheet "
+            f"{result['ridge_point_datasheet']:.0f})"
+        )
     print(
-        f"{what}; ridge point {result['ridge_point']:.0f} FLOP/B; knee at context "
-        f"{result['context_len']}: {knee_text}",
+        f"{what}; {ridge}; knee at context {result['context_len']}: {knee_text}",
         file=out,
     )
     head = [

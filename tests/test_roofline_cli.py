@@ -79,10 +79,22 @@ def test_tp2_adds_all_reduce_time(capsys):
 def test_table_marks_the_first_compute_bound_decode_row_as_the_knee(capsys):
     assert main([*BASE, "--batch", "1,64,256,1024", "--context", "1", "--ideal"]) == 0
     text = capsys.readouterr().out
-    assert "ridge point 153 FLOP/B" in text
+    assert "ridge point 153 FLOP/B (datasheet)" in text  # 312 TFLOP/s / 2.039 TB/s
     marked = [line for line in text.splitlines() if "<- knee" in line]
     assert len(marked) == 1 and marked[0].split()[0] == "256"
     assert "qkv_proj" in text and "all_reduce" in text
+
+
+def test_calibrated_header_names_both_ridge_points(capsys):
+    # the calibrated ridge point differs from the datasheet one `batchsim list hardware`
+    # shows (312 / 2.039 = 153 FLOP/B): the header gives both, each named
+    assert main([*BASE, "--batch", "1", "--context", "1"]) == 0
+    header = capsys.readouterr().out
+    out = run_json(capsys, "--batch", "1", "--context", "1")
+    assert out["ridge_point_datasheet"] == pytest.approx(312 / 2.039)
+    assert out["ridge_point"] != pytest.approx(out["ridge_point_datasheet"])
+    assert f"ridge point {out['ridge_point']:.0f} FLOP/B (achievable" in header
+    assert "datasheet 153)" in header
 
 
 def test_csv_has_a_header_and_one_line_per_shape(capsys):
