@@ -236,13 +236,14 @@ def _structure(
         prefix_tokens = np.zeros(units, dtype=np.int64)
     if turns is None:
         total = prompt + prefix_tokens
-        _check_prompts(total, "workload.shared_prefix", "(shared prefix + prompt_tokens)")
+        _check_prompts(total, "workload.shared_prefix", "(shared prefix + prompt_tokens)", "")
         return total, PrefixTable.from_groups(prefix_ids, prefix_tokens)
     total = conversation_prompts(turns, prompt, output, prefix_tokens)
     _check_prompts(
         total,
         "workload.conversation",
-        "(the conversation so far); set fewer turns or shorter prompt_tokens or output_tokens",
+        "(the conversation so far)",
+        "; set fewer turns or shorter prompt_tokens or output_tokens",
     )
     first_id = 0 if shared is None else shared.count  # ids after the shared prefixes'
     table = PrefixTable.from_conversations(
@@ -251,12 +252,12 @@ def _structure(
     return total, table
 
 
-def _check_prompts(prompt: np.ndarray, key: str, what: str) -> None:
+def _check_prompts(prompt: np.ndarray, key: str, what: str, advice: str) -> None:
     """A prompt put together from several parts must stay within the token limit."""
     if len(prompt) and prompt.max() > MAX_TOKENS:
         raise ConfigError(
             f"{key}: a prompt has {int(prompt.max()):,} tokens {what}, more than the limit "
-            f"of {MAX_TOKENS:,} tokens"
+            f"of {MAX_TOKENS:,} tokens{advice}"
         )
 
 
