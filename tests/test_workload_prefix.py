@@ -42,8 +42,9 @@ def table(seed: int = 0, **workload: Any) -> RequestTable:
 
 
 def segments(t: RequestTable) -> list[Any]:
-    assert t.prefix is not None
-    return [t.prefix.segments(i) for i in range(len(t))]
+    """Each request's segments (None: shares nothing)."""
+    prefix = t.prefix
+    return [None if prefix is None else prefix.segments(i) for i in range(len(t))]
 
 
 OPEN = {"arrival": {"process": "poisson", "rate": 10.0}}
@@ -284,6 +285,9 @@ def test_csv_prefix_columns_become_one_segment_per_row(tmp_path: Path) -> None:
     # groups numbered in order of first appearance; a shorter length shares less of the group
     assert segments(t) == [((0, 40),), ((1, 50),), ((0, 30),), None, ((1, 10),)]
     assert t.prompt_tokens.tolist() == [100, 50, 80, 90, 60]
+    # reading only the first rows numbers their groups as reading the whole file does
+    part = table(num_requests=3, trace={"path": str(path), "format": "csv", "columns": columns})
+    assert segments(part) == segments(t)[:3]
 
 
 def test_mooncake_ids_become_512_token_segments() -> None:
@@ -427,3 +431,20 @@ def test_fast_forward_off_gives_the_same_conversation_run(loop: dict[str, Any]) 
     _, fast = run_conversations(loop)
     _, slow = run_conversations(loop, engine__fast_forward=False)
     assert_same_run(fast, slow)
+
+
+@pytest.mark.parametrize("popularity", ["uniform", {"zipf": 1.5}, [1, 0, 2.5]])
+def test_the_resolved_config_reads_back_as_the_same_workload(popularity: Any) -> None:
+    # config.yaml holds model_dump(mode="json"); sweep points hand model_dump() to workers
+    cfg = parse_workload(
+        {
+            "num_requests": 5,
+            "concurrency": 2,
+            "prompt_tokens": 4,
+            "output_tokens": 2,
+            "conversation": {"turns": uniform(1, 3)},
+            "shared_prefix": {"count": 3, "tokens": 8, "popularity": popularity},
+        }
+    )
+    for dumped in (cfg.model_dump(mode="json"), cfg.model_dump()):
+        assert parse_workload(dumped) == cfg

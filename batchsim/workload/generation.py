@@ -222,9 +222,10 @@ def _structure(
     prompt: np.ndarray,
     output: np.ndarray,
     turns: np.ndarray | None,
-) -> tuple[np.ndarray, PrefixTable]:
-    """Prompts and segments of a workload with shared prefixes and/or conversations:
-    ``prompt`` holds each request's own tokens (a turn's new user tokens)."""
+) -> tuple[np.ndarray, PrefixTable | None]:
+    """Prompts and segments (None when nothing is shared) of a workload with shared prefixes
+    and/or conversations: ``prompt`` holds each request's own tokens (a turn's new user
+    tokens)."""
     shared = cfg.shared_prefix
     units = len(prompt) if turns is None else len(turns)  # requests, or conversations
     if shared is not None:
@@ -237,7 +238,8 @@ def _structure(
     if turns is None:
         total = prompt + prefix_tokens
         _check_prompts(total, "workload.shared_prefix", "(shared prefix + prompt_tokens)", "")
-        return total, PrefixTable.from_groups(prefix_ids, prefix_tokens)
+        shares = bool(prefix_tokens.any())  # fraction 0: nothing is shared
+        return total, PrefixTable.from_groups(prefix_ids, prefix_tokens) if shares else None
     total = conversation_prompts(turns, prompt, output, prefix_tokens)
     _check_prompts(
         total,
