@@ -454,7 +454,9 @@ def simulate(
     del engine, table, scheduler  # the workload and the simulator: not needed any more
     requests = request_log.to_columns()
     workload = config.workload
-    rate = workload.arrival.mean_rate() if workload.arrival is not None else math.nan
+    rate = math.nan  # a conversation's arrival process starts conversations, not requests
+    if workload.arrival is not None and workload.conversation is None:
+        rate = workload.arrival.mean_rate()
     summary = summarize(
         request_log,
         iterations,

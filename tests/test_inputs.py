@@ -378,6 +378,170 @@ def test_the_limits_admit_their_own_boundaries() -> None:
     assert generate(small, 0).prompt_tokens.tolist() == [MAX_TOKENS] * 3
 
 
+# ------------------------------------------------------------------------------------ prefix
+
+SHARED = {"count": 3, "tokens": 100}
+PREFIX_CASES = [
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": "zipfian"}},
+        ["workload.shared_prefix.popularity must be uniform, {zipf: s} or a list of weights"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": {"zipf": 1, "s": 2}}},
+        ["workload.shared_prefix.popularity must be uniform", "got {'s': 2, 'zipf': 1}"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": {"zipf": -1}}},
+        ["workload.shared_prefix.popularity.zipf must be >= 0, got -1"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": {"zipf": math.nan}}},
+        ["workload.shared_prefix.popularity.zipf must be a finite number, got nan"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": [1, -2, 3]}},
+        ["workload.shared_prefix.popularity[1] must be >= 0, got -2"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": [1, "a", 3]}},
+        ["workload.shared_prefix.popularity[1] must be a number, got 'a'"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": [1, 2]}},
+        ["workload.shared_prefix.popularity must list one weight per prefix (count = 3), got 2"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "popularity": [0, 0, 0]}},
+        ["workload.shared_prefix.popularity must hold a weight > 0"],
+    ),
+    (
+        {"workload.shared_prefix": {**SHARED, "fraction": 1.5}},
+        ["workload.shared_prefix.fraction must be <= 1, got 1.5"],
+    ),
+    ({"workload.shared_prefix": {**SHARED, "count": 0}}, ["shared_prefix.count must be >= 1"]),
+    (
+        {"workload.shared_prefix": {**SHARED, "tokens": {"dist": "fixed", "value": 0}}},
+        ["workload.shared_prefix.tokens.value must be >= 1, got 0"],
+    ),
+    ({"workload.shared_prefix": {"count": 3}}, ["workload.shared_prefix.tokens is required"]),
+    (
+        {"workload.shared_prefix": {**SHARED, "share": 1}},
+        ["workload.shared_prefix.share: unknown key; allowed keys: count, tokens, popularity"],
+    ),
+    (
+        {
+            "workload.shared_prefix": {
+                "count": 40,  # half the draws are over the limit
+                "tokens": {"dist": "normal", "mean": 2**24, "std": 1e6},
+            }
+        },
+        ["workload.shared_prefix.tokens: a drawn value", "set a lower max"],
+    ),
+    (
+        {
+            "workload.shared_prefix": SHARED,
+            "workload.prompt_tokens": {"dist": "fixed", "value": MAX_TOKENS},
+        },
+        ["workload.shared_prefix: a prompt has 16,777,316 tokens", "limit of 16,777,216"],
+    ),
+    ({"workload.conversation": {}}, ["workload.conversation.turns is required"]),
+    (
+        {"workload.conversation": {"turns": 0}},
+        ["workload.conversation.turns.value must be >= 1, got 0"],
+    ),
+    (
+        {"workload.conversation": {"turns": {"dist": "zipf", "theta": 1}}},
+        ["workload.conversation.turns.max is required"],
+    ),
+    (
+        {"workload.conversation": {"turns": 3}, "workload.duration_s": 10.0},
+        ["workload.duration_s is not supported with conversation; use num_requests"],
+    ),
+    (
+        {"workload.think_time_ms": 100},
+        ["workload.think_time_ms applies to closed loop (set concurrency) or conversation only"],
+    ),
+    (
+        {
+            "workload.conversation": {"turns": 3},
+            "workload.prompt_tokens": {"dist": "fixed", "value": 2**23},
+            "workload.output_tokens": {"dist": "fixed", "value": 2**22},
+        },
+        ["workload.conversation: a prompt has 33,554,432 tokens (the conversation so far)"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "expected"), PREFIX_CASES)
+def test_bad_shared_prefix_or_conversation_exits_2_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, expected: list
+) -> None:
+    bad_input(tmp_path, capsys, experiment(tmp_path, **changes), *expected)
+
+
+PREFIX_HEADER = "arrival_time,prompt_tokens,output_tokens,g,k\n"
+
+
+@pytest.mark.parametrize(
+    ("trace", "content", "expected"),
+    [
+        (
+            "{path: t.csv, columns: {prefix_group: g}}",
+            PREFIX_HEADER + "0,10,5,a,3\n",
+            ["workload.trace.columns.prefix_tokens is required with prefix_group"],
+        ),
+        (
+            "{path: t.csv, columns: {prefix_tokens: k}}",
+            PREFIX_HEADER + "0,10,5,a,3\n",
+            ["workload.trace.columns.prefix_group is required with prefix_tokens"],
+        ),
+        (
+            "{path: t.csv, format: azure, columns: {prefix_group: g, prefix_tokens: k}}",
+            PREFIX_HEADER + "0,10,5,a,3\n",
+            ["workload.trace.columns applies to format csv only"],
+        ),
+        (
+            "{path: t.csv, columns: {prefix_group: g, prefix_tokens: k}}",
+            PREFIX_HEADER + "0,10,5,a,3\n1,10,5,a,11\n",
+            ["t.csv:3:", "k: 11 tokens, more than the row's 10 prompt tokens"],
+        ),
+        (
+            "{path: t.csv, columns: {prefix_group: g, prefix_tokens: k}}",
+            PREFIX_HEADER + "0,10,5,a,3\n1,10,5,,4\n",
+            ["t.csv:3:", "g: empty, but k is 4"],
+        ),
+        (
+            "{path: t.csv, columns: {prefix_group: g, prefix_tokens: k}}",
+            PREFIX_HEADER + "0,10,5,a,1.5\n",
+            ["t.csv:2:", "k: expected an integer from 0 to 16777216 (tokens), got '1.5'"],
+        ),
+        (
+            "{path: t.csv, columns: {prefix_group: group, prefix_tokens: k}}",
+            PREFIX_HEADER + "0,10,5,a,3\n",
+            ["t.csv:1:", "missing column 'group'"],
+        ),
+    ],
+)
+def test_bad_csv_prefix_columns_exit_2_naming_the_key_or_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], trace: str, content: str, expected: list
+) -> None:
+    write(tmp_path / "t.csv", content)
+    exp = experiment(tmp_path, TRACE_EXPERIMENT.replace("{path: TRACE}", trace))
+    bad_input(tmp_path, capsys, exp, *expected)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("shared_prefix", {"count": 2, "tokens": 10}), ("conversation", {"turns": 2})],
+)
+def test_shared_prefix_and_conversation_do_not_combine_with_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, value: dict
+) -> None:
+    write(tmp_path / "t.csv", CSV_HEADER + "0,10,5\n")
+    text = TRACE_EXPERIMENT.replace("TRACE", "t.csv") + f"  {key}: {json.dumps(value)}\n"
+    bad_input(tmp_path, capsys, experiment(tmp_path, text), f"workload.{key} cannot be combined")
+
+
 # ------------------------------------------------------------------------------------ 4. files
 
 BAD_FILE_CONTENTS: dict[str, tuple[bytes, str]] = {

@@ -51,6 +51,8 @@ def outcome(read: Callable[[], traces._Trace]) -> Outcome:
         t.prompt_tokens.tolist(),
         t.output_tokens.tolist(),
         None if t.hash_ids is None else list(t.hash_ids),
+        None if t.prefix_group is None else t.prefix_group.tolist(),
+        None if t.prefix_tokens is None else t.prefix_tokens.tolist(),
     )
 
 
@@ -98,13 +100,16 @@ def reference(path: Path) -> Outcome:
             [r["input_length"] for r in rows],
             [r["output_length"] for r in rows],
             [r.get("hash_ids", []) for r in rows],
+            None,
+            None,
         )
     header, *body = list(csv.reader(io.StringIO(text, newline="")))
     ts, ctx, gen = (header.index(k) for k in AZURE_HEADER.split(","))
     stamps = pd.to_datetime(pd.Series([r[ts] for r in body]), format="ISO8601")
     seconds = ((stamps - stamps.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
     prompt = [int(r[ctx]) for r in body]
-    return ("ok", "azure", seconds.tobytes(), prompt, [int(r[gen]) for r in body], None)
+    output = [int(r[gen]) for r in body]
+    return ("ok", "azure", seconds.tobytes(), prompt, output, None, None, None)
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -305,6 +310,24 @@ def arrival(draw: st.DrawFn, i: int, step: float) -> str:
     return draw(st.sampled_from(["{!r}", "{:.3f}", "{:e}", "{:.0f}", "{:g}"])).format(i * step)
 
 
+PREFIX_GROUPS = ["a", "b", "7", "007", " a", "a ", "tenant-x", "é", "", "0x1", "1,2", '"q"']
+PREFIX_COLUMNS = [
+    {"prefix_group": "g", "prefix_tokens": "k"},
+    {"prefix_group": "g", "prefix_tokens": "in"},  # the whole prompt is shared
+    {"prefix_group": "in", "prefix_tokens": "k"},  # one column read as text and as counts
+]
+
+
+def prefix_tokens(draw: st.DrawFn) -> str:
+    """Mostly small counts (often above a small prompt), some zeros and odd numbers."""
+    kind = draw(st.integers(0, 20))
+    if kind == 0:
+        return draw(st.sampled_from(ODD_NUMBERS))
+    if kind < 5:
+        return "0"
+    return str(draw(st.integers(0, 6000)))
+
+
 @st.composite
 def generic_files(draw: st.DrawFn) -> tuple[bytes, dict[str, Any] | None, str | None]:
     names = draw(
@@ -318,7 +341,9 @@ def generic_files(draw: st.DrawFn) -> tuple[bytes, dict[str, Any] | None, str | 
             ]
         )
     )
-    mapping = names or CsvColumns().model_dump()
+    if draw(st.booleans()):
+        names = {**(names or {}), **draw(st.sampled_from(PREFIX_COLUMNS))}
+    mapping = {**CsvColumns().model_dump(), **(names or {})}
     header = sorted({v for v in mapping.values() if v})
     step = draw(st.floats(0, 1e6, allow_nan=False))
 
@@ -326,6 +351,10 @@ def generic_files(draw: st.DrawFn) -> tuple[bytes, dict[str, Any] | None, str | 
         counted = (mapping["prompt_tokens"], mapping["output_tokens"])
         if name == mapping["arrival_time"] and name not in counted:
             return arrival(draw, i, step)
+        if name == mapping["prefix_group"] and name not in counted:
+            return draw(st.sampled_from(PREFIX_GROUPS))
+        if name == mapping["prefix_tokens"] and name not in counted:
+            return prefix_tokens(draw)
         return counts(draw)
 
     return draw(csv_files(header, field)), names, draw(st.sampled_from([None, "s", "ms"]))
@@ -339,6 +368,42 @@ def test_any_generic_csv_reads_as_the_row_reader_reads_it(
     data, columns, unit = case
     fast, slow = read_both(data, "t.csv", fmt="csv", columns=columns, time_unit=unit, limit=limit)
     assert fast == slow
+
+
+@PROPERTY
+@given(st.data())
+def test_plainly_written_prefix_columns_are_read_by_the_columnar_reader(
+    data: st.DataObject,
+) -> None:
+    n = data.draw(st.integers(1, 40))
+    rows = [f"{CSV_HEADER},group,shared"]
+    groups, shared = [], []
+    for i in range(n):
+        prompt = data.draw(st.integers(1, 5000))
+        group = data.draw(st.sampled_from(["a", "b", "tenant-x", "7", "007", "é", ""]))
+        tokens = data.draw(st.integers(0, prompt)) if group else 0
+        groups.append(group)
+        shared.append(tokens)
+        rows.append(f"{i * 0.5},{prompt},{data.draw(st.integers(1, 500))},{group},{tokens}")
+    body = ("\n".join(rows) + "\n").encode()
+    header = columnar.csv_header(body)
+    assert header is not None
+    names = ("arrival_time", "prompt_tokens", "output_tokens")
+    fast = columnar.read_generic_csv(body, header, "t.csv", None, names, "s", ("group", "shared"))
+    assert fast is not None
+    ids = fast[3]
+    assert ids is not None and fast[4] is not None
+    assert fast[4].tolist() == shared
+    used = [i for i in range(n) if shared[i] > 0]
+    assert all(ids[i] == -1 for i in range(n) if shared[i] == 0)
+    for i in used:  # equal ids exactly where the group texts are equal
+        for j in used:
+            assert (ids[i] == ids[j]) == (groups[i] == groups[j])
+    first_seen = [int(ids[i]) for k, i in enumerate(used) if ids[i] not in ids[used[:k]]]
+    assert first_seen == list(range(len(first_seen)))  # numbered in order of first appearance
+    columns = {"prefix_group": "group", "prefix_tokens": "shared"}
+    loaded, by_rows = read_both(body, fmt="csv", columns=columns)
+    assert loaded == by_rows
 
 
 @settings(max_examples=300, deadline=None)

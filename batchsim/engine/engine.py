@@ -53,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import simpy
 
 import batchsim
@@ -96,30 +97,52 @@ class ArrivalSource:
     Open loop: arrival times come from the workload table. Closed loop (``concurrency`` users):
     each user's first request arrives at t=0 and the next one ``think_time`` after the previous
     one left (finished, rejected or cancelled).
+
+    Conversations (``table.next_turn``): a turn that finished sends its conversation's next
+    turn ``think_time`` after it left; a turn that was rejected or cancelled ends its
+    conversation (the later turns are never sent). Open loop: first turns arrive at their
+    table times. Closed loop: each user runs one conversation after another, taking the next
+    conversation not yet started (in table order) ``think_time`` after its previous one ended.
+    At equal times, requests are delivered in the order of their index.
     """
 
     def __init__(self, table: RequestTable):
         self.table = table
         self.num_total = len(table.prompt_tokens)
         self.next_index = 0
+        """Open loop: the next arrival; closed loop: the next request (conversation) a user
+        takes."""
         self.closed_loop = table.concurrency is not None
         self._heap: list[tuple[float, int, int]] = []  # (time, request index, user)
+        self._next_turn = table.next_turn
+        self._starts: np.ndarray | None = None  # conversations: their first turns, in order
+        if self._next_turn is not None:
+            first = np.ones(self.num_total, dtype=bool)
+            first[self._next_turn[self._next_turn >= 0]] = False
+            self._starts = np.flatnonzero(first)
         if self.closed_loop:
             assert table.concurrency is not None
-            for user in range(min(table.concurrency, self.num_total)):
-                self._heap.append((0.0, user, user))
+            num_firsts = self.num_total if self._starts is None else len(self._starts)
+            for user in range(min(table.concurrency, num_firsts)):
+                index = user if self._starts is None else int(self._starts[user])
+                self._heap.append((0.0, index, user))
             self.next_index = len(self._heap)
         self._next = math.inf  # open loop: the next arrival time
         if not self.closed_loop:
             self._arrivals = table.arrival_time
+            if self._starts is not None:
+                self._arrivals = table.arrival_time[self._starts]
             self._next = self._arrival(0)
 
     def _arrival(self, index: int) -> float:
-        return float(self._arrivals[index]) if index < self.num_total else math.inf
+        arrivals = self._arrivals
+        return float(arrivals[index]) if index < len(arrivals) else math.inf
 
     def next_time(self) -> float:
         if self.closed_loop:
             return self._heap[0][0] if self._heap else math.inf
+        if self._heap:  # open-loop conversations: a next turn is waiting
+            return min(self._heap[0][0], self._next)
         return self._next
 
     def exhausted(self) -> bool:
@@ -134,6 +157,8 @@ class ArrivalSource:
                 time, index, user = heapq.heappop(self._heap)
                 out.append(self._make(index, time, user))
             return out
+        if self._starts is not None:
+            return self._pop_turns(now)
         if self._next > now:
             return out
         arrivals = self._arrivals
@@ -146,14 +171,50 @@ class ArrivalSource:
         self._next = self._arrival(i)
         return out
 
+    def _pop_turns(self, now: float) -> list[Request]:
+        """Open-loop conversations: the first turns and next turns due by now, in order of
+        time, then index."""
+        due: list[tuple[float, int, int]] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            due.append(heapq.heappop(heap))
+        starts = self._starts
+        assert starts is not None
+        arrivals = self._arrivals
+        i = self.next_index
+        while i < len(starts) and arrivals[i] <= now:
+            due.append((float(arrivals[i]), int(starts[i]), -1))
+            i += 1
+        self.next_index = i
+        self._next = self._arrival(i)
+        due.sort()
+        return [self._make(index, time, user) for time, index, user in due]
+
     def on_left(self, request: Request, now: float) -> None:
-        """Closed loop: the request's user sends its next one after thinking."""
+        """Closed loop: the request's user sends its next one after thinking. Conversations:
+        the next turn, if the request finished and has one."""
+        if self._next_turn is not None:
+            self._turn_left(request, now)
+            return
         if not self.closed_loop or self.next_index >= self.num_total:
             return
         think = self.table.think_time
         delay = float(think[self.next_index]) if think is not None else 0.0
         heapq.heappush(self._heap, (now + delay, self.next_index, request.user_id))
         self.next_index += 1
+
+    def _turn_left(self, request: Request, now: float) -> None:
+        assert self._next_turn is not None and self._starts is not None
+        think = self.table.think_time
+        assert think is not None, "a conversation workload has think times"
+        index = int(self._next_turn[request.request_id])
+        if index < 0 or request.status != RequestStatus.FINISHED:
+            # the conversation ended: in a closed loop, its user starts the next one
+            if not self.closed_loop or self.next_index >= len(self._starts):
+                return
+            index = int(self._starts[self.next_index])
+            self.next_index += 1
+        heapq.heappush(self._heap, (now + float(think[index]), index, request.user_id))
 
     def _make(self, index: int, time: float, user: int) -> Request:
         table = self.table

@@ -15,13 +15,16 @@ Modules (every public name is re-exported here; import from ``batchsim.workload`
 - :mod:`~batchsim.workload.files`: data-file lookup and strict parsing with file:line errors.
 - :mod:`~batchsim.workload.traces`: ``trace:`` config and the trace readers.
 - :mod:`~batchsim.workload.columnar`: the fast, columnar (pyarrow) path of the trace readers.
+- :mod:`~batchsim.workload.prefix`: :class:`PrefixTable`, the shared segments of requests.
+- :mod:`~batchsim.workload.structure`: shared prefixes and multi-turn conversations.
 - :mod:`~batchsim.workload.config`: :class:`WorkloadConfig`, workload files.
 - :mod:`~batchsim.workload.generation`: :func:`generate` and :class:`RequestTable`.
 - :mod:`~batchsim.workload.listing`: :func:`workload_table`.
 
 Randomness: :func:`generate` splits ``numpy.random.SeedSequence(seed)`` into independent child
-streams for arrivals, prompt lengths, output lengths, cancellations and think times, in that
-order, so changing one part of the workload never shifts the others. There is no global random
+streams for arrivals, prompt lengths, output lengths, cancellations, think times, shared-prefix
+lengths, shared-prefix choices and turns per conversation, in that order, so changing one part
+of the workload never shifts the others. There is no global random
 state and all sampling is vectorised.
 
 Token counts: continuous distributions are rounded half-to-even (``numpy.rint``) and then clipped
@@ -76,6 +79,8 @@ from batchsim.workload.distributions import TimeDist as TimeDist
 from batchsim.workload.files import resolve_data_path
 from batchsim.workload.generation import RequestTable, generate
 from batchsim.workload.listing import workload_table
+from batchsim.workload.prefix import PrefixTable
+from batchsim.workload.structure import Conversation, SharedPrefix, ZipfPopularity
 from batchsim.workload.traces import TRACE_FORMATS, CsvColumns, TraceConfig, load_trace
 
 __all__ = [
@@ -86,6 +91,7 @@ __all__ = [
     "AllAtOnceArrival",
     "BurstArrival",
     "ConstantArrival",
+    "Conversation",
     "CsvColumns",
     "EmpiricalLength",
     "ExponentialLength",
@@ -98,13 +104,16 @@ __all__ = [
     "NormalLength",
     "NormalTime",
     "PoissonArrival",
+    "PrefixTable",
     "RequestTable",
+    "SharedPrefix",
     "TraceConfig",
     "UniformLength",
     "UniformTime",
     "WorkloadConfig",
     "WorkloadDefinition",
     "ZipfLength",
+    "ZipfPopularity",
     "generate",
     "load_trace",
     "load_workload",

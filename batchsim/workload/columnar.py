@@ -204,18 +204,27 @@ def read_generic_csv(
     limit: int | None,
     columns: tuple[str | None, str, str],
     time_unit: str,
-) -> tuple[np.ndarray | None, np.ndarray, np.ndarray] | None:
-    """(Arrival times or None, prompt tokens, output tokens) of a generic CSV trace;
-    ``columns`` names the arrival time (None: no times), prompt and output columns."""
+    prefix: tuple[str, str] | None = None,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+    """(Arrival times or None, prompt tokens, output tokens, prefix group ids or None, prefix
+    tokens or None) of a generic CSV trace; ``columns`` names the arrival time (None: no
+    times), prompt and output columns, ``prefix`` the group and prefix-tokens columns (see
+    :func:`~batchsim.workload.files.group_ids` for the ids)."""
     arrival_name, prompt_name, output_name = columns
-    wanted = [prompt_name, output_name] + ([arrival_name] if arrival_name is not None else [])
+    wanted = [prompt_name, output_name]
+    kinds = ["count", "count"]
+    if arrival_name is not None:
+        wanted.append(arrival_name)
+        kinds.append("time")
+    if prefix is not None:
+        wanted += [prefix[1], prefix[0]]
+        kinds += ["count", "text"]
     if not all(name in header.names for name in wanted):
         return None
     index = [header.names.index(name) for name in wanted]
-    kinds = ["count", "count", "time"][: len(index)]
     types = dict(zip(index, kinds))
     if any(types[i] != kind for i, kind in zip(index, kinds)):
-        return None  # one column read both as times and as counts
+        return None  # one column read both as times and as counts, or as text
     table = _read_body(data, header, types, shown, limit)
     if table is None:
         return None
@@ -232,7 +241,36 @@ def read_generic_csv(
             arrival = arrival / 1000.0
         if not _times_hold(arrival):
             return None
-    return arrival, prompt, output
+    group = tokens = None
+    if prefix is not None:
+        tokens = _token_counts(table.column(f"c{index[-2]}"), minimum=0)
+        if tokens is None or bool(np.any(tokens > prompt)):
+            return None
+        group = _group_ids(table.column(f"c{index[-1]}"), tokens > 0)
+        if group is None:
+            return None
+    return arrival, prompt, output, group, tokens
+
+
+def _group_ids(column: pa.ChunkedArray, used: np.ndarray) -> np.ndarray | None:
+    """:func:`~batchsim.workload.files.group_ids` of a string column, or None when a row in
+    ``used`` has an empty group."""
+    array: Any = column.combine_chunks()
+    offsets, _ = _string_buffers(array)
+    if bool(np.any(np.diff(offsets)[used] == 0)):
+        return None
+    codes = _numbers(array.dictionary_encode().indices, np.int32).astype(np.int64)
+    ids = np.full(len(codes), -1, dtype=np.int64)
+    chosen = codes[used]
+    if chosen.size:
+        # pyarrow's codes, renumbered in order of first appearance among the rows used
+        unique, first = np.unique(chosen, return_index=True)
+        rank = np.empty(len(unique), dtype=np.int64)
+        rank[np.argsort(first)] = np.arange(len(unique), dtype=np.int64)
+        lookup = np.zeros(int(unique[-1]) + 1, dtype=np.int64)
+        lookup[unique] = rank
+        ids[used] = lookup[chosen]
+    return ids
 
 
 def _read_body(
@@ -357,8 +395,8 @@ def _string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets, codes
 
 
-def _token_counts(column: pa.ChunkedArray) -> np.ndarray | None:
-    """Integers in [1, MAX_TOKENS], or None. An int64 column was parsed by pyarrow (see
+def _token_counts(column: pa.ChunkedArray, minimum: int = 1) -> np.ndarray | None:
+    """Integers in [minimum, MAX_TOKENS], or None. An int64 column was parsed by pyarrow (see
     :func:`_read_body` for what it accepts); a string column must hold plain digits."""
     import pyarrow as pa
 
@@ -379,7 +417,7 @@ def _token_counts(column: pa.ChunkedArray) -> np.ndarray | None:
         except pa.ArrowException:
             return None
     counts = _numbers(column, np.int64)
-    if not counts.size or counts.min() < 1 or counts.max() > MAX_TOKENS:
+    if not counts.size or counts.min() < minimum or counts.max() > MAX_TOKENS:
         return None
     return counts
 

@@ -26,6 +26,7 @@ from batchsim.validation import (
 from batchsim.workload.arrivals import AllAtOnceArrival, ArrivalProcess
 from batchsim.workload.common import PositiveSeconds
 from batchsim.workload.distributions import LengthDist, TimeDist
+from batchsim.workload.structure import Conversation, SharedPrefix
 from batchsim.workload.traces import TraceConfig
 from batchsim.yamlio import line_of, read_mapping
 
@@ -40,6 +41,14 @@ class WorkloadConfig(ConfigModel):
     A trace is read only up to its ``num_requests``-th row: rows after it are not checked.
     With a ``trace`` plus ``arrival`` or ``concurrency``, only the trace's token counts are used
     (in file order).
+
+    Prefix structure: ``shared_prefix`` starts requests with one of a few shared prefixes
+    (:class:`~batchsim.workload.structure.SharedPrefix`); ``conversation`` makes every request
+    a turn of a multi-turn conversation (:class:`~batchsim.workload.structure.Conversation`):
+    ``num_requests`` then counts turns, ``arrival`` starts conversations (open loop) or
+    ``concurrency`` users run one conversation after another (closed loop), and
+    ``think_time_ms`` separates a reply from the next turn. With both, each conversation
+    starts with one shared prefix (a system prompt) in every turn.
     """
 
     num_requests: StrictInt | None = Field(
@@ -61,6 +70,12 @@ class WorkloadConfig(ConfigModel):
     cancel_after_ms: TimeDist | None = Field(
         default=None, description="client disconnects this long after arrival, ms (default never)"
     )
+    shared_prefix: SharedPrefix | None = Field(
+        default=None, description="requests start with one of count shared prefixes"
+    )
+    conversation: Conversation | None = Field(
+        default=None, description="multi-turn conversations: each request is one turn"
+    )
 
     @model_validator(mode="after")
     def _check_combination(self) -> WorkloadConfig:
@@ -68,13 +83,32 @@ class WorkloadConfig(ConfigModel):
             raise FieldError(
                 "concurrency", "cannot be combined with arrival: closed loop or open loop, not both"
             )
-        if self.think_time_ms is not None and self.concurrency is None:
-            raise FieldError("think_time_ms", "applies to closed loop only (set concurrency)")
+        closed_or_turns = self.concurrency is not None or self.conversation is not None
+        if self.think_time_ms is not None and not closed_or_turns:
+            raise FieldError(
+                "think_time_ms", "applies to closed loop (set concurrency) or conversation only"
+            )
+        if self.conversation is not None:
+            if self.duration_s is not None:
+                raise FieldError(
+                    "duration_s",
+                    "is not supported with conversation; use num_requests (it counts turns)",
+                )
+            if self.num_requests is None and self.trace is None:
+                raise FieldError("num_requests", "is required with conversation (it counts turns)")
         if self.concurrency is not None and self.duration_s is not None:
             raise FieldError(
                 "duration_s", "is not supported with concurrency (closed loop); use num_requests"
             )
         if self.trace is not None:
+            if self.shared_prefix is not None:
+                raise FieldError(
+                    "shared_prefix",
+                    "cannot be combined with trace (a csv trace names its shared prefixes in "
+                    "columns prefix_group and prefix_tokens)",
+                )
+            if self.conversation is not None:
+                raise FieldError("conversation", "cannot be combined with trace")
             for key in ("prompt_tokens", "output_tokens"):
                 if getattr(self, key) is not None:
                     raise FieldError(key, "cannot be combined with trace (the trace has them)")

@@ -245,15 +245,15 @@ def _take(rows: list[list[str]], lines: list[int], idx: int, width: int, shown: 
 
 
 def _positive_ints(
-    values: Sequence[Any], lines: Sequence[int], name: str, shown: str
+    values: Sequence[Any], lines: Sequence[int], name: str, shown: str, minimum: int = 1
 ) -> np.ndarray:
-    """Parse token counts: integers in [1, MAX_TOKENS] (integral floats like ``12.0`` accepted),
-    vectorised."""
+    """Parse token counts: integers in [minimum, MAX_TOKENS] (integral floats like ``12.0``
+    accepted), vectorised. ``minimum`` is 1 (a prompt or an output) or 0 (a shared prefix)."""
     raw = np.asarray(values)
     arr: np.ndarray | None = None
     if raw.dtype.kind == "f":
         finite = bool(np.all(np.isfinite(raw)))
-        in_range = finite and raw.size and raw.min() >= 1 and raw.max() <= MAX_TOKENS
+        in_range = finite and raw.size and raw.min() >= minimum and raw.max() <= MAX_TOKENS
         if in_range and bool(np.all(raw == np.rint(raw))):
             arr = raw.astype(np.int64)
     elif raw.dtype.kind in "iu":
@@ -263,22 +263,24 @@ def _positive_ints(
             arr = raw.astype(np.int64)
         except (ValueError, OverflowError):
             arr = None
-    if arr is not None and arr.size and arr.min() >= 1 and arr.max() <= MAX_TOKENS:
+    if arr is not None and arr.size and arr.min() >= minimum and arr.max() <= MAX_TOKENS:
         return arr
+    rule = (
+        f"a positive integer <= {MAX_TOKENS}"
+        if minimum == 1
+        else f"an integer from {minimum} to {MAX_TOKENS}"
+    )
     for value, line in zip(values, lines, strict=True):
-        if _as_positive_int(value) is None:
+        if _as_positive_int(value, minimum) is None:
             raise ConfigError(
-                f"{name}: expected a positive integer <= {MAX_TOKENS} (tokens), "
-                f"got {format_value(value)}",
-                shown,
-                line,
+                f"{name}: expected {rule} (tokens), got {format_value(value)}", shown, line
             )
     # Every value is a valid count but not in a form numpy parses (e.g. "12.0").
-    return np.array([_as_positive_int(v) for v in values], dtype=np.int64)
+    return np.array([_as_positive_int(v, minimum) for v in values], dtype=np.int64)
 
 
-def _as_positive_int(value: Any) -> int | None:
-    """``value`` as a token count in [1, MAX_TOKENS], or None."""
+def _as_positive_int(value: Any, minimum: int = 1) -> int | None:
+    """``value`` as a token count in [minimum, MAX_TOKENS], or None."""
     number: int | None = None
     if isinstance(value, bool):
         return None
@@ -296,9 +298,54 @@ def _as_positive_int(value: Any) -> int | None:
             except ValueError:
                 return None
             number = int(real) if math.isfinite(real) and real.is_integer() else None
-    if number is None or not 1 <= number <= MAX_TOKENS:
+    if number is None or not minimum <= number <= MAX_TOKENS:
         return None
     return number
+
+
+def group_ids(
+    groups: Sequence[str],
+    tokens: np.ndarray,
+    lines: Sequence[int],
+    name: str,
+    tokens_name: str,
+    shown: str,
+) -> np.ndarray:
+    """Content ids of a trace's shared-prefix groups: rows whose group text is the same (as
+    written, spaces included) get the same id, numbered 0, 1, ... in order of first appearance
+    among the rows that share a prefix (``tokens`` > 0); -1 where ``tokens`` is 0.
+
+    Raises:
+        ConfigError: An empty group in a row with ``tokens`` > 0 (names the line).
+    """
+    ids = np.full(len(groups), -1, dtype=np.int64)
+    seen: dict[str, int] = {}
+    for i in np.flatnonzero(tokens > 0).tolist():
+        text = groups[i]
+        if not text:
+            raise ConfigError(
+                f"{name}: empty, but {tokens_name} is {int(tokens[i])}; name the group or set "
+                f"{tokens_name} to 0",
+                shown,
+                lines[i],
+            )
+        ids[i] = seen.setdefault(text, len(seen))
+    return ids
+
+
+def check_prefix_fits(
+    prefix: np.ndarray, prompt: np.ndarray, lines: Sequence[int], name: str, shown: str
+) -> None:
+    """A row's shared prefix is part of its prompt: at most as many tokens."""
+    over = np.flatnonzero(prefix > prompt)
+    if over.size:
+        i = int(over[0])
+        raise ConfigError(
+            f"{name}: {int(prefix[i])} tokens, more than the row's {int(prompt[i])} prompt "
+            "tokens (the shared prefix is the start of the prompt)",
+            shown,
+            lines[i],
+        )
 
 
 def _nonnegative_floats(

@@ -1,7 +1,8 @@
 """What ``batchsim list workloads`` shows: :func:`workload_table`.
 
 Owns the rows describing the built-in ``workloads/`` catalog (workload files and trace
-samples, with their request counts and mean token counts), the arrival processes, the length
+samples, with their request counts and mean token counts; for a workload with shared prefixes
+or conversations, the mean whole prompt of its seed-0 draw), the arrival processes, the length
 and time distributions and the trace formats.
 """
 
@@ -14,6 +15,7 @@ from batchsim.validation import ConfigModel
 from batchsim.workload.arrivals import ARRIVAL_PROCESSES
 from batchsim.workload.config import WorkloadDefinition, load_workload
 from batchsim.workload.distributions import LENGTH_DISTRIBUTIONS, TIME_DISTRIBUTIONS
+from batchsim.workload.generation import generate
 from batchsim.workload.traces import TRACE_FORMATS, TraceConfig, load_trace
 
 
@@ -80,10 +82,20 @@ def _definition_row(definition: WorkloadDefinition) -> _Row:
         parts.append(f"prompt={cfg.prompt_tokens.describe()}")
         parts.append(f"output={cfg.output_tokens.describe()}")
         requests = cfg.num_requests
+        if cfg.shared_prefix is not None:
+            parts.append(f"shared_prefix={cfg.shared_prefix.describe()}")
+        if cfg.conversation is not None:
+            parts.append(f"conversation({cfg.conversation.describe()})")
+        if cfg.shared_prefix is not None or cfg.conversation is not None:
+            # whole prompts (prefix and history included): the mean of the seed-0 draw
+            table = generate(cfg, 0, definition.base_dir)
+            mean_p = float(table.prompt_tokens.mean())
     if cfg.arrival is not None:
         parts.insert(0, f"arrival={cfg.arrival.describe()}")
     if cfg.concurrency is not None:
         parts.insert(0, f"concurrency={cfg.concurrency}")
+    if cfg.think_time_ms is not None:
+        parts.append(f"think_time_ms={cfg.think_time_ms.describe()}")
     if cfg.duration_s is not None:
         parts.append(f"duration_s={cfg.duration_s:g}")
     return _row(

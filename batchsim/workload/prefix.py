@@ -76,6 +76,68 @@ class PrefixTable:
         return cls(ids, tokens, offsets)
 
     @classmethod
+    def from_groups(cls, ids: np.ndarray, tokens: np.ndarray) -> PrefixTable:
+        """One segment per request: request ``i`` starts with ``tokens[i]`` tokens of content
+        ``ids[i]``; a request with 0 tokens shares nothing."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        keep = tokens > 0
+        offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
+        np.cumsum(keep, out=offsets[1:])
+        return cls(np.asarray(ids, dtype=np.int64)[keep], tokens[keep], offsets)
+
+    @classmethod
+    def from_conversations(
+        cls,
+        turns: np.ndarray,
+        user: np.ndarray,
+        reply: np.ndarray,
+        system_ids: np.ndarray,
+        system_tokens: np.ndarray,
+        first_id: int,
+    ) -> PrefixTable:
+        """The segments of multi-turn conversations, listed conversation by conversation.
+
+        Request ``i`` is turn ``i - s`` of its conversation ``c``, whose first turn is request
+        ``s``. Its sequence is ``c``'s system prefix (when ``system_ids[c] >= 0``), then for
+        every turn ``j`` from ``s`` to ``i`` the user tokens ``(first_id + 2j, user[j])`` and
+        the reply ``(first_id + 2j + 1, reply[j])``: the whole history, its own new user
+        tokens, and last its own reply (which the next turn's prompt repeats). Every turn's
+        user tokens and reply have content ids of their own.
+
+        Args:
+            turns: Turns of each conversation (>= 1; they add up to the requests).
+            user: New user tokens of each turn (>= 1).
+            reply: Reply tokens of each turn (>= 1).
+            system_ids: Content id of each conversation's system prefix (-1: none).
+            system_tokens: Its tokens.
+            first_id: Content id of request 0's user tokens; ids up to ``first_id + 2 x
+                requests - 1`` are taken.
+        """
+        turns = np.asarray(turns, dtype=np.int64)
+        user = np.asarray(user, dtype=np.int64)
+        reply = np.asarray(reply, dtype=np.int64)
+        n = len(user)
+        conv = np.repeat(np.arange(len(turns)), turns)
+        first = (np.cumsum(turns) - turns)[conv]  # each request's first turn
+        has_system = (np.asarray(system_ids) >= 0).astype(np.int64)[conv]
+        counts = 2 * (np.arange(n, dtype=np.int64) - first + 1) + has_system
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        row = np.repeat(np.arange(n), counts)
+        position = np.arange(int(offsets[-1]), dtype=np.int64) - offsets[row] - has_system[row]
+        system = position < 0  # the slot of the system prefix
+        # index into the sequence user[0], reply[0], user[1], reply[1], ...
+        piece = np.where(system, 0, 2 * first[row] + position)
+        turn = piece >> 1
+        ids = first_id + piece
+        tokens = np.where(piece & 1, reply[turn], user[turn])
+        if system.any():
+            owner = conv[row[system]]
+            ids[system] = np.asarray(system_ids, dtype=np.int64)[owner]
+            tokens[system] = np.asarray(system_tokens, dtype=np.int64)[owner]
+        return cls(ids, tokens, offsets)
+
+    @classmethod
     def from_hash_ids(
         cls,
         values: np.ndarray,

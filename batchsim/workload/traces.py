@@ -38,9 +38,11 @@ from batchsim.workload.files import (
     _positive_ints,
     _read_rows,
     _take,
+    check_prefix_fits,
     csv_rows,
     decode_data,
     first_bad_stamp,
+    group_ids,
     read_data_bytes,
     resolve_data_path,
     seconds_since_first,
@@ -55,6 +57,25 @@ class CsvColumns(ConfigModel):
     )
     prompt_tokens: str = Field(default="prompt_tokens", description="prompt length column")
     output_tokens: str = Field(default="output_tokens", description="output length column")
+    prefix_group: str | None = Field(
+        default=None,
+        description="shared-prefix group column (with prefix_tokens): rows with the same "
+        "group start with the same prefix_tokens tokens (default: none)",
+    )
+    prefix_tokens: str | None = Field(
+        default=None,
+        description="column of each row's shared-prefix length, tokens (0: shares nothing; "
+        "at most the row's prompt tokens)",
+    )
+
+    @model_validator(mode="after")
+    def _check_prefix_pair(self) -> CsvColumns:
+        if (self.prefix_group is None) != (self.prefix_tokens is None):
+            given, missing = ("prefix_group", "prefix_tokens")
+            if self.prefix_group is None:
+                given, missing = missing, given
+            raise FieldError(missing, f"is required with {given} (give both or neither)")
+        return self
 
 
 TRACE_FORMATS: dict[str, str] = {
@@ -63,7 +84,8 @@ TRACE_FORMATS: dict[str, str] = {
     "mooncake": "Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids "
     "(512-token prefix blocks, kept for prefix caching)",
     "csv": "generic CSV with a header; columns (default arrival_time, prompt_tokens, "
-    "output_tokens) and time_unit (s or ms) configurable; arrival times used as given",
+    "output_tokens; optional prefix_group and prefix_tokens) and time_unit (s or ms) "
+    "configurable; arrival times used as given",
 }
 
 
@@ -105,6 +127,8 @@ class _Trace:
     output_tokens: np.ndarray
     hash_ids: Sequence[list[int]] | None  # a slice gives a list of lists
     format: str
+    prefix_group: np.ndarray | None = None  # csv: group content id per row (-1: none)
+    prefix_tokens: np.ndarray | None = None  # csv: shared-prefix tokens per row (0: none)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -176,7 +200,13 @@ def _load_trace_cached(
         out = _parse(
             read_data_bytes(path, shown)[0], path, fmt, explicit_csv, cols, time_unit, shown, limit
         )
-    for arr in (out.arrival_time, out.prompt_tokens, out.output_tokens):
+    for arr in (
+        out.arrival_time,
+        out.prompt_tokens,
+        out.output_tokens,
+        out.prefix_group,
+        out.prefix_tokens,
+    ):
         if arr is not None:
             arr.setflags(write=False)
     return out
@@ -207,9 +237,15 @@ def _parse(
                 return _Trace(azure[0], azure[1], azure[2], None, "azure")
         else:
             names = (cols.arrival_time, cols.prompt_tokens, cols.output_tokens)
-            generic = columnar.read_generic_csv(data, header, shown, limit, names, time_unit)
+            prefix = None
+            if cols.prefix_group is not None and cols.prefix_tokens is not None:
+                prefix = (cols.prefix_group, cols.prefix_tokens)
+            generic = columnar.read_generic_csv(
+                data, header, shown, limit, names, time_unit, prefix
+            )
             if generic is not None:
-                return _Trace(generic[0], generic[1], generic[2], None, "csv")
+                arrival, prompt, output, group, tokens = generic
+                return _Trace(arrival, prompt, output, None, "csv", group, tokens)
     return _parse_rows(data, path, fmt, explicit_csv, cols, time_unit, shown, limit)
 
 
@@ -278,7 +314,16 @@ def _read_csv_trace(
             arrival = arrival / 1000.0
         _check_sorted(arrival, lines, cols.arrival_time, shown)
         _check_span(arrival, lines, cols.arrival_time, shown)
-    return _Trace(arrival, prompt, output, None, "csv")
+    group = tokens = None
+    if cols.prefix_group is not None and cols.prefix_tokens is not None:
+        i_g = _column_index(header, cols.prefix_group, shown)
+        i_k = _column_index(header, cols.prefix_tokens, shown)
+        raw_tokens = _take(rows, lines, i_k, width, shown)
+        tokens = _positive_ints(raw_tokens, lines, cols.prefix_tokens, shown, minimum=0)
+        check_prefix_fits(tokens, prompt, lines, cols.prefix_tokens, shown)
+        raw_groups = _take(rows, lines, i_g, width, shown)
+        group = group_ids(raw_groups, tokens, lines, cols.prefix_group, cols.prefix_tokens, shown)
+    return _Trace(arrival, prompt, output, None, "csv", group, tokens)
 
 
 def _read_mooncake(text: str, shown: str, limit: int | None = None) -> _Trace:
