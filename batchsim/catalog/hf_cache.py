@@ -47,11 +47,12 @@ def cached_config(repo_id: str, key: str = "model") -> Path:
             "repo id from the local Hugging Face cache needs huggingface_hub: pip install "
             "huggingface_hub (or give the path of the model's config.json)"
         ) from None
-    found = try_to_load_from_cache(repo_id, "config.json")
+    cache = constants.HF_HUB_CACHE  # HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/...
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache)
     if isinstance(found, str):
         return Path(found)
     raise ConfigError(
-        f"{key}: {repo_id} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}); "
+        f"{key}: {repo_id} is not in the local Hugging Face cache ({cache}); "
         f"download its config.json first: hf download {repo_id} config.json "
         "(older huggingface_hub: huggingface-cli download ...), or give the path of a "
         "config.json"

@@ -3,11 +3,12 @@
 Owns the reading of model descriptions (built-in catalog YAML, a user YAML, a Hugging Face
 ``config.json`` of a Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral / Phi-3 / Gemma 2 /
 Gemma 3 / gpt-oss / DeepSeek-V2/V3 / OPT / GPT-2-style model, or a Hugging Face repo id found in
-the local Hugging Face cache, see :mod:`batchsim.catalog.hf_cache`), their validation, and everything derived from the architecture: per-layer parameter
-counts (which the cost model turns into FLOPs and bytes), total and active parameter counts,
-weight bytes per dtype and KV-cache bytes per token. Nothing here is stored that can be
-derived: the catalog holds the config fields and the official parameter count only to check
-the derivation against it.
+the local Hugging Face cache, see :mod:`batchsim.catalog.hf_cache`), their validation, and
+everything derived from the architecture: per-layer parameter counts (which the cost model
+turns into FLOPs and bytes), total and active parameter counts, weight bytes per dtype and
+KV-cache bytes per token (and per sequence, :meth:`ModelSpec.kv_bytes`). Nothing here is
+stored that can be derived: the catalog holds the config fields and the official parameter
+count only to check the derivation against it.
 
 Must not import anything from batchsim except :mod:`batchsim.errors`, :mod:`batchsim.catalog`,
 :mod:`batchsim.dtypes`, :mod:`batchsim.yamlio` (the one file reader) and
@@ -768,11 +769,13 @@ def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
     max_pos = r.int_("max_position_embeddings")
     attention_bias = r.bool_("attention_bias", False)
     windows: dict[str, Any]
-    if model_type == "mistral" and "sliding_window" not in r.data:
-        windows = {"sliding_window": 4096}  # MistralConfig default (Mistral-7B-v0.1)
-    elif model_type in ("mistral", "mixtral", "phi3"):
+    if model_type in ("mistral", "mixtral", "phi3"):
         # one window for every layer; newer configs write null (full attention)
-        windows = {"sliding_window": r.int_("sliding_window", default=None)}
+        if model_type == "mistral" and "sliding_window" not in r.data:
+            window = 4096  # MistralConfig default (Mistral-7B-v0.1)
+        else:
+            window = r.int_("sliding_window", default=None)
+        windows = _window_fields(r, window, layers if window else 0, layers, max_pos)
     elif model_type in _QWEN:
         # HF Qwen2/Qwen3: with use_sliding_window, layers from max_window_layers on slide
         use = r.bool_("use_sliding_window", False)
