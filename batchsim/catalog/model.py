@@ -1,12 +1,14 @@
 """Model architectures: :class:`ModelSpec`, :func:`load_model` and the quantities derived from them.
 
-Owns the reading of model descriptions (built-in catalog YAML, a user YAML, or a Hugging Face
-``config.json`` of a Llama / Mistral / Qwen2 / Mixtral / DeepSeek-V2/V3 / OPT / GPT-2-style
-model), their validation, and everything derived from the architecture: per-layer parameter
-counts (which the cost model turns into FLOPs and bytes), total and active parameter counts,
-weight bytes per dtype and KV-cache bytes per token. Nothing here is stored that can be
-derived: the catalog holds the config fields and the official parameter count only to check
-the derivation against it.
+Owns the reading of model descriptions (built-in catalog YAML, a user YAML, a Hugging Face
+``config.json`` of a Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral / Phi-3 / Gemma 2 /
+Gemma 3 / gpt-oss / DeepSeek-V2/V3 / OPT / GPT-2-style model, or a Hugging Face repo id found in
+the local Hugging Face cache, see :mod:`batchsim.catalog.hf_cache`), their validation, and
+everything derived from the architecture: per-layer parameter counts (which the cost model
+turns into FLOPs and bytes), total and active parameter counts, weight bytes per dtype and
+KV-cache bytes per token (and per sequence, :meth:`ModelSpec.kv_bytes`). Nothing here is
+stored that can be derived: the catalog holds the config fields and the official parameter
+count only to check the derivation against it.
 
 Must not import anything from batchsim except :mod:`batchsim.errors`, :mod:`batchsim.catalog`,
 :mod:`batchsim.dtypes`, :mod:`batchsim.yamlio` (the one file reader) and
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchsim.catalog import catalog_names, resolve
+from batchsim.catalog import catalog_names, hf_cache, resolve
 from batchsim.dtypes import DTYPE_BYTES  # bytes per element of each dtype; re-exported here
 from batchsim.errors import ConfigError
 from batchsim.validation import format_value, number_problem
@@ -47,16 +49,28 @@ SUPPORTED_MODEL_TYPES = (
     "llama",
     "mistral",
     "qwen2",
+    "qwen3",
+    "qwen3_moe",
     "mixtral",
+    "phi3",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
     "opt",
     "gpt2",
 )
-"""Values of ``model_type`` that :func:`load_model` understands."""
+"""Values of ``model_type`` that :func:`load_model` understands (``gemma3``: the multimodal
+config, whose ``text_config`` describes the language model; the vision tower is not counted)."""
 
-_LLAMA_FAMILY = ("llama", "mistral", "qwen2", "mixtral")
+_LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3")
+_QWEN = ("qwen2", "qwen3", "qwen3_moe")
+_GEMMA = ("gemma2", "gemma3_text")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+"""Values of a config's ``layer_types`` list that :func:`load_model` understands."""
 
 # Keys of catalog YAML that are not Hugging Face config fields.
 _META_KEYS = frozenset({"name", "description", "official_num_params", "sources"})
@@ -119,6 +133,28 @@ IGNORED_HF_KEYS = frozenset(
         "task_specific_params",
         "_remove_final_layer_norm",
         "layer_norm_elementwise_affine",
+        # Qwen3, Gemma 2/3, Phi-3, gpt-oss fields without effect on parameters or KV bytes:
+        # attention scaling and logit soft-capping, local RoPE base, HF cache class, MoE
+        # activation clamp, original context of a RoPE extension, MoE aux-loss details.
+        "query_pre_attn_scalar",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "cache_implementation",
+        "rope_local_base_freq",
+        "rope_parameters",
+        "original_max_position_embeddings",
+        "swiglu_limit",
+        "initial_context_length",
+        "sliding_window_size",
+        "use_qk_norm",
+        "use_bidirectional_attention",
+        "dtype",
+        # Keys of a multimodal Gemma 3 config besides its text_config (vision tower: not counted)
+        "vision_config",
+        "mm_tokens_per_image",
+        "boi_token_index",
+        "eoi_token_index",
+        "image_token_index",
     }
 )
 
@@ -178,7 +214,16 @@ class ModelSpec:
         hidden_act: Activation name (silu, gelu_new, relu...).
         gated_mlp: True for SwiGLU-style MLPs (gate, up and down projections).
         tie_word_embeddings: lm_head shares the embedding matrix.
-        sliding_window: Attention window in tokens, or None for full attention.
+        sliding_window: Attention window in tokens of EVERY layer (Mistral-7B-v0.1, Phi-3-mini-4k),
+            or None. The engine's KV cache and the cost model apply it to all layers.
+        hybrid_sliding_window: Window in tokens of the sliding-window layers of a model that
+            interleaves sliding-window and full-attention layers (Gemma 2/3, gpt-oss), else
+            None. The engine (one KV-cache window for all layers) runs such a model as full
+            attention on every layer: KV capacity counts every layer at full length and
+            attention reads every cached token in every layer — an upper bound on memory and
+            attention time, exact while every context fits in the window. The exact footprint
+            of one sequence is :meth:`kv_bytes`.
+        num_sliding_layers: Layers that use ``hybrid_sliding_window`` (0 unless hybrid).
         qkv_bias: q/k/v projections have a bias.
         max_position_embeddings: Longest context the model was configured for (tokens).
         num_local_experts: Routed experts per MoE layer, or None for dense models.
@@ -195,6 +240,9 @@ class ModelSpec:
         o_proj_bias: Attention output projection has a bias.
         mlp_bias: MLP projections have biases.
         norm_type: ``rmsnorm`` (weight only) or ``layernorm`` (weight and bias).
+        num_layer_norms: Norms of width ``hidden_size`` per layer (2: input and
+            post-attention; Gemma 2/3: 4, with pre- and post-feed-forward norms).
+        qk_norm: Per-head RMSNorm of q and k (``head_dim`` weights each; Qwen3, Gemma 3).
         final_norm: A norm sits after the last layer.
         num_learned_positions: Rows of a learned position embedding (OPT, GPT-2), 0 with RoPE.
         word_embed_proj_dim: OPT embedding width when it differs from hidden (project_in/out),
@@ -234,6 +282,10 @@ class ModelSpec:
     o_proj_bias: bool = False
     mlp_bias: bool = False
     norm_type: str = "rmsnorm"
+    num_layer_norms: int = 2
+    qk_norm: bool = False
+    hybrid_sliding_window: int | None = None
+    num_sliding_layers: int = 0
     final_norm: bool = True
     num_learned_positions: int = 0
     word_embed_proj_dim: int = 0
@@ -257,6 +309,11 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         """Layers whose MLP is a mixture of experts."""
         return self.num_hidden_layers - self.num_dense_layers
+
+    @property
+    def is_hybrid_attention(self) -> bool:
+        """True when sliding-window and full-attention layers alternate (Gemma 2/3, gpt-oss)."""
+        return self.hybrid_sliding_window is not None and self.num_sliding_layers > 0
 
     @property
     def attention_type(self) -> str:
@@ -347,8 +404,11 @@ class ModelSpec:
 
     @property
     def norm_params(self) -> int:
-        """Parameters of the two per-layer norms (input and post-attention) of one layer."""
-        return 2 * self._norm_width * self.hidden_size
+        """Parameters of the norms of one layer: ``num_layer_norms`` of width ``hidden_size``
+        (input and post-attention; Gemma also pre- and post-feed-forward), plus the q and k
+        norms of width ``head_dim`` when ``qk_norm``."""
+        params = self.num_layer_norms * self._norm_width * self.hidden_size
+        return params + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def final_norm_params(self) -> int:
@@ -440,13 +500,43 @@ class ModelSpec:
         return self.kv_elements_per_token * bytes_per
 
     @property
-    def kv_elements_per_token(self) -> int:
-        """Cached values per token over all layers (K and V, or the MLA latent)."""
+    def kv_elements_per_layer(self) -> int:
+        """Cached values one token occupies in one layer (K and V, or the MLA latent)."""
         if self.is_mla:
             assert self.kv_lora_rank is not None
-            per_layer = self.kv_lora_rank + (self.qk_rope_head_dim or 0)
-            return self.num_hidden_layers * per_layer
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+            return self.kv_lora_rank + (self.qk_rope_head_dim or 0)
+        return 2 * self.num_key_value_heads * self.head_dim
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """Cached values per token over all layers (K and V, or the MLA latent).
+
+        Every layer counts, sliding-window layers included: what the engine charges per
+        cached token (see ``hybrid_sliding_window``); :meth:`kv_bytes` is the exact footprint
+        of a sequence.
+        """
+        return self.num_hidden_layers * self.kv_elements_per_layer
+
+    def kv_bytes(self, context_len: int, kv_dtype: str, weight_dtype: str = "bf16") -> float:
+        """KV-cache bytes one sequence of ``context_len`` tokens holds, counting each layer
+        with its own attention span: full-attention layers keep every token, sliding-window
+        layers at most their window.
+
+        Equals ``context_len * kv_bytes_per_token(...)`` for full-attention models and for any
+        context that fits in the window.
+        """
+        if context_len < 0:
+            raise ValueError(f"context_len must be >= 0, got {context_len}")
+        layers, sliding, window = self.num_hidden_layers, 0, None
+        if self.sliding_window is not None:
+            sliding, window = layers, self.sliding_window
+        elif self.is_hybrid_attention:
+            sliding, window = self.num_sliding_layers, self.hybrid_sliding_window
+        held = (layers - sliding) * context_len
+        if window is not None:
+            held += sliding * min(context_len, window)
+        bytes_per = dtype_bytes(resolve_kv_dtype(kv_dtype, weight_dtype), "kv_cache_dtype")
+        return held * self.kv_elements_per_layer * bytes_per
 
     def summary(self) -> dict[str, Any]:
         """Key numbers for ``batchsim list models`` (units in the key names)."""
@@ -468,7 +558,12 @@ class ModelSpec:
             ),
             "kv_kib_per_token_bf16": self.kv_bytes_per_token("bf16") / 1024,
             "weights_gb_bf16": self.weight_bytes("bf16") / 1e9,
-            "sliding_window": self.sliding_window,
+            "sliding_window": (
+                f"{self.hybrid_sliding_window} on {self.num_sliding_layers}/"
+                f"{self.num_hidden_layers} layers"
+                if self.is_hybrid_attention
+                else self.sliding_window
+            ),
             "max_context": self.max_position_embeddings,
         }
 
@@ -477,16 +572,29 @@ class ModelSpec:
 
 
 class _Reader:
-    """Typed access to a config mapping that remembers which keys were read."""
+    """Typed access to a config mapping that remembers which keys were read.
 
-    def __init__(self, data: Mapping[str, Any], source: str, text: str):
+    ``prefix``: the keys above ``data`` in the file (``("text_config",)`` for the language
+    model of a multimodal Gemma 3 config), for messages and line numbers.
+    """
+
+    def __init__(
+        self, data: Mapping[str, Any], source: str, text: str, prefix: tuple[str, ...] = ()
+    ):
         self.data = data
         self.source = source
         self.text = text
+        self.prefix = prefix
         self.used: set[str] = set()
 
+    def name(self, key: str) -> str:
+        return ".".join((*self.prefix, key))
+
+    def line(self, key: str) -> int | None:
+        return line_of(self.text, (*self.prefix, key))
+
     def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{key} {message}", self.source, line_of(self.text, (key,)))
+        return ConfigError(f"{self.name(key)} {message}", self.source, self.line(key))
 
     def int_(self, key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
         """An integer >= ``minimum``; ``default`` when missing or null (required if not given)."""
@@ -496,7 +604,7 @@ class _Reader:
             if default is _REQUIRED:
                 present = "is null" if key in self.data else "is missing"
                 raise ConfigError(
-                    f"{key}: required key {present}", self.source, line_of(self.text, (key,))
+                    f"{self.name(key)}: required key {present}", self.source, self.line(key)
                 )
             return default
         problem = number_problem(value, integer=True, ge=minimum, le=MAX_MODEL_INT)
@@ -519,11 +627,25 @@ class _Reader:
         if value is None:
             if default is _REQUIRED:
                 raise ConfigError(
-                    f"{key}: required key is missing", self.source, line_of(self.text, (key,))
+                    f"{self.name(key)}: required key is missing", self.source, self.line(key)
                 )
             return default
         if not isinstance(value, str):
             raise self.error(key, f"must be a string, got {format_value(value)}")
+        return value
+
+    def list_(self, key: str, length: int | None = None) -> list[Any] | None:
+        """A list (None when missing or null), of ``length`` items when given."""
+        self.used.add(key)
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list, got {format_value(value)}")
+        if length is not None and len(value) != length:
+            raise self.error(
+                key, f"must have one entry per layer (num_hidden_layers={length}), got {len(value)}"
+            )
         return value
 
 
@@ -542,6 +664,18 @@ def _spec_from_mapping(
 
     if model_type in _LLAMA_FAMILY:
         fields = _llama_family(r, model_type)
+    elif model_type in _GEMMA:
+        fields = _gemma(r, model_type)
+    elif model_type == "gemma3":
+        # Multimodal Gemma 3: the language model is the text_config (a gemma3_text config).
+        text_config = data.get("text_config")
+        r.used.add("text_config")
+        if not isinstance(text_config, Mapping):
+            raise r.error("text_config", "must be a mapping: the language model's config")
+        fields = _gemma(_Reader(text_config, source, text, ("text_config",)), "gemma3_text")
+        model_type = "gemma3_text"
+    elif model_type == "gpt_oss":
+        fields = _gpt_oss(r)
     elif model_type in _DEEPSEEK:
         fields = _deepseek(r)
     elif model_type == "opt":
@@ -585,6 +719,43 @@ def _spec_from_mapping(
     return spec
 
 
+def _num_sliding_layers(r: _Reader, layers: int, default_sliding: Any) -> int:
+    """Layers with sliding-window attention: from ``layer_types`` when the config lists them,
+    else ``default_sliding(i)`` for layer i (the family's pattern)."""
+    types = r.list_("layer_types", length=layers)
+    if types is None:
+        return sum(1 for i in range(layers) if default_sliding(i))
+    for value in types:
+        if value not in LAYER_TYPES:
+            raise r.error(
+                "layer_types",
+                f"has an unsupported layer type {format_value(value)}; "
+                f"supported: {', '.join(LAYER_TYPES)}",
+            )
+    return types.count("sliding_attention")
+
+
+def _window_fields(
+    r: _Reader, window: int | None, sliding_layers: int, layers: int, max_pos: int
+) -> dict[str, Any]:
+    """``sliding_window`` (every layer) or the hybrid pair, from a window and how many layers
+    use it. A window as long as the context never cuts anything: no window."""
+    none: dict[str, Any] = {"sliding_window": None}
+    if sliding_layers == 0:
+        return none
+    if window is None:
+        raise r.error("sliding_window", "is null but some layers use sliding-window attention")
+    if window >= max_pos:
+        return none
+    if sliding_layers == layers:
+        return {"sliding_window": window}
+    return {
+        "sliding_window": None,
+        "hybrid_sliding_window": window,
+        "num_sliding_layers": sliding_layers,
+    }
+
+
 def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
     hidden = r.int_("hidden_size")
     heads = r.int_("num_attention_heads")
@@ -594,23 +765,31 @@ def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
         if hidden % heads:
             raise r.error("num_attention_heads", f"must divide hidden_size {hidden}, got {heads}")
         head_dim = hidden // heads
+    layers = r.int_("num_hidden_layers")
+    max_pos = r.int_("max_position_embeddings")
     attention_bias = r.bool_("attention_bias", False)
-    sliding: int | None
-    if model_type == "mistral" and "sliding_window" not in r.data:
-        sliding = 4096  # MistralConfig default (Mistral-7B-v0.1); newer configs write null
-    elif model_type in ("mistral", "mixtral"):
-        sliding = r.int_("sliding_window", default=None)
-    elif model_type == "qwen2":
+    windows: dict[str, Any]
+    if model_type in ("mistral", "mixtral", "phi3"):
+        # one window for every layer; newer configs write null (full attention)
+        if model_type == "mistral" and "sliding_window" not in r.data:
+            window = 4096  # MistralConfig default (Mistral-7B-v0.1)
+        else:
+            window = r.int_("sliding_window", default=None)
+        windows = _window_fields(r, window, layers if window else 0, layers, max_pos)
+    elif model_type in _QWEN:
+        # HF Qwen2/Qwen3: with use_sliding_window, layers from max_window_layers on slide
         use = r.bool_("use_sliding_window", False)
         window = r.int_("sliding_window", default=None)
-        sliding = window if use else None
+        first = r.int_("max_window_layers", default=layers, minimum=0)
+        sliding = _num_sliding_layers(r, layers, lambda i: use and i >= first)
+        windows = _window_fields(r, window, sliding, layers, max_pos)
     else:
-        sliding = None
+        windows = {"sliding_window": None}
     inter = r.int_("intermediate_size")
     fields: dict[str, Any] = {
         "hidden_size": hidden,
         "intermediate_size": inter,
-        "num_hidden_layers": r.int_("num_hidden_layers"),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
@@ -618,12 +797,13 @@ def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
         "hidden_act": r.str_("hidden_act", default="silu"),
         "gated_mlp": True,
         "tie_word_embeddings": r.bool_("tie_word_embeddings", False),
-        "sliding_window": sliding,
         "qkv_bias": True if model_type == "qwen2" else attention_bias,
         "o_proj_bias": attention_bias if model_type == "llama" else False,
         "mlp_bias": r.bool_("mlp_bias", False) if model_type == "llama" else False,
-        "max_position_embeddings": r.int_("max_position_embeddings"),
+        "max_position_embeddings": max_pos,
         "norm_type": "rmsnorm",
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
+        **windows,
     }
     if model_type == "mixtral":
         fields.update(
@@ -632,9 +812,130 @@ def _llama_family(r: _Reader, model_type: str) -> dict[str, Any]:
             moe_intermediate_size=inter,
             num_dense_layers=0,
         )
+    elif model_type == "qwen3_moe" and r.int_("num_experts", default=0, minimum=0):
+        # Qwen3MoE: layer i routes unless listed in mlp_only_layers or (i + 1) is not a
+        # multiple of decoder_sparse_step; routed experts only (no shared expert, no bias).
+        step = r.int_("decoder_sparse_step", default=1)
+        dense_only = r.list_("mlp_only_layers") or []
+        for index in dense_only:
+            problem = number_problem(index, integer=True, ge=0, le=layers - 1)
+            if problem is not None:
+                raise r.error("mlp_only_layers", f"entries are layer indices: {problem}")
+        moe_layers = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+        fields.update(
+            num_local_experts=r.int_("num_experts"),
+            num_experts_per_tok=r.int_("num_experts_per_tok"),
+            moe_intermediate_size=r.int_("moe_intermediate_size"),
+            num_dense_layers=layers - moe_layers,
+        )
     else:
-        fields["num_dense_layers"] = fields["num_hidden_layers"]
+        fields["num_dense_layers"] = layers
     return fields
+
+
+# Defaults of transformers' Gemma2Config / Gemma3TextConfig for the keys real configs omit
+# (gemma-3-*-it configs leave out head_dim, max_position_embeddings, the layer pattern...).
+_GEMMA_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "max_position_embeddings": 8192,
+        "sliding_window": 4096,
+    },
+    "gemma3_text": {
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+    },
+}
+
+
+def _gemma(r: _Reader, model_type: str) -> dict[str, Any]:
+    """Gemma 2 and Gemma 3 (text): GeGLU MLP, four norms per layer, tied embeddings,
+    sliding-window layers interleaved with full-attention ones (Gemma 2: every other layer
+    from the first; Gemma 3: five of every six, ``sliding_window_pattern``); Gemma 3 adds
+    q/k norms."""
+    d = _GEMMA_DEFAULTS[model_type]
+    layers = r.int_("num_hidden_layers")
+    heads = r.int_("num_attention_heads", default=d.get("num_attention_heads", _REQUIRED))
+    max_pos = r.int_("max_position_embeddings", default=d["max_position_embeddings"])
+    window = r.int_("sliding_window", default=d["sliding_window"])
+    if model_type == "gemma2":
+        sliding = _num_sliding_layers(r, layers, lambda i: i % 2 == 0)
+    else:
+        pattern_key = "sliding_window_pattern"
+        if "_sliding_window_pattern" in r.data and pattern_key not in r.data:
+            pattern_key = "_sliding_window_pattern"  # newer configs beside layer_types
+        pattern = r.int_(pattern_key, default=d["sliding_window_pattern"])
+        sliding = _num_sliding_layers(r, layers, lambda i: (i + 1) % pattern != 0)
+    activation = r.str_("hidden_act", default=None)
+    activation = r.str_("hidden_activation", default=activation or "gelu_pytorch_tanh")
+    attention_bias = r.bool_("attention_bias", False)
+    return {
+        "hidden_size": r.int_("hidden_size"),
+        "intermediate_size": r.int_("intermediate_size"),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": r.int_("num_key_value_heads", default=d["num_key_value_heads"]),
+        "head_dim": r.int_("head_dim", default=d["head_dim"]),
+        "vocab_size": r.int_("vocab_size", default=d["vocab_size"]),
+        "hidden_act": activation,
+        "gated_mlp": True,
+        "tie_word_embeddings": r.bool_("tie_word_embeddings", True),
+        "qkv_bias": attention_bias,
+        "o_proj_bias": attention_bias,
+        "max_position_embeddings": max_pos,
+        "num_dense_layers": layers,
+        "norm_type": "rmsnorm",
+        "num_layer_norms": 4,
+        "qk_norm": model_type == "gemma3_text",
+        **_window_fields(r, window, sliding, layers, max_pos),
+    }
+
+
+def _gpt_oss(r: _Reader) -> dict[str, Any]:
+    """gpt-oss: every layer MoE (experts with biases, router with bias), q/k/v/o biases,
+    sliding-window (128) and full attention alternating from the first layer. The per-head
+    attention sinks (num_attention_heads values per layer) are not counted."""
+    layers = r.int_("num_hidden_layers")
+    max_pos = r.int_("max_position_embeddings")
+    sliding = _num_sliding_layers(r, layers, lambda i: i % 2 == 0)
+    window = r.int_("sliding_window", default=128)
+    top_k = r.int_("num_experts_per_tok", default=None)
+    if top_k is None:
+        top_k = r.int_("experts_per_token")
+    else:
+        r.used.add("experts_per_token")
+    inter = r.int_("intermediate_size")
+    attention_bias = r.bool_("attention_bias", True)
+    return {
+        "hidden_size": r.int_("hidden_size"),
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": r.int_("num_attention_heads"),
+        "num_key_value_heads": r.int_("num_key_value_heads"),
+        "head_dim": r.int_("head_dim"),
+        "vocab_size": r.int_("vocab_size"),
+        "hidden_act": r.str_("hidden_act", default="silu"),
+        "gated_mlp": True,
+        "tie_word_embeddings": r.bool_("tie_word_embeddings", False),
+        "qkv_bias": attention_bias,
+        "o_proj_bias": attention_bias,
+        "mlp_bias": True,
+        "router_bias": True,
+        "max_position_embeddings": max_pos,
+        "num_local_experts": r.int_("num_local_experts"),
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": inter,
+        "num_dense_layers": 0,
+        "norm_type": "rmsnorm",
+        **_window_fields(r, window, sliding, layers, max_pos),
+    }
 
 
 def _deepseek(r: _Reader) -> dict[str, Any]:
@@ -758,12 +1059,14 @@ def _check_consistency(spec: ModelSpec, r: _Reader) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _load_path(path: str, mtime_ns: int) -> ModelSpec:
+def _load_path(path: str, mtime_ns: int, repo_id: str | None = None) -> ModelSpec:
     file = Path(path)
     data, text = read_mapping(file)
     is_hf_json = file.suffix == ".json"
     if "name" in data:
         default_name = str(data["name"])
+    elif repo_id is not None:
+        default_name = repo_id
     elif is_hf_json and file.stem == "config":
         default_name = file.resolve().parent.name
     else:
@@ -772,25 +1075,35 @@ def _load_path(path: str, mtime_ns: int) -> ModelSpec:
 
 
 def load_model(name_or_path: str, key: str = "model") -> ModelSpec:
-    """Load a model by built-in name, YAML path or Hugging Face ``config.json`` path.
+    """Load a model by built-in name, YAML path, Hugging Face ``config.json`` path, or Hugging
+    Face repo id (``org/name``, not an existing path) found in the local Hugging Face cache.
 
     A YAML file is read strictly (unknown keys are errors, except the HF fields in
     :data:`IGNORED_HF_KEYS`); a ``.json`` file is read as a HF config and its unknown keys are
-    ignored. Results are cached per file and modification time.
+    ignored. A repo id needs ``huggingface_hub`` and the repo's ``config.json`` in the cache
+    (:func:`batchsim.catalog.hf_cache.cached_config`; no download); the model is named after
+    the repo id. Results are cached per file and modification time.
 
     Args:
-        name_or_path: ``llama-2-7b``, ``my/model.yaml`` or ``path/to/config.json``.
+        name_or_path: ``llama-2-7b``, ``my/model.yaml``, ``path/to/config.json`` or
+            ``Qwen/Qwen3-8B``.
         key: Config key that held the value, for error messages.
 
     Raises:
         ConfigError: Unknown name (lists the built-ins), unreadable or malformed file, missing,
-            wrong-typed or out-of-range field, unsupported ``model_type``. The message is one
-            line naming the file and the key.
+            wrong-typed or out-of-range field, unsupported ``model_type``, repo id without
+            ``huggingface_hub`` or not in the cache. The message is one line naming the file
+            and the key.
     """
     if not isinstance(name_or_path, str) or not name_or_path:
         raise ConfigError(f"{key}: expected a model name or a file path, got {name_or_path!r}")
-    path = resolve("models", name_or_path, key)
-    return _load_path(str(path), path.stat().st_mtime_ns)
+    repo_id = None
+    if hf_cache.looks_like_repo_id(name_or_path):
+        repo_id = name_or_path
+        path = hf_cache.cached_config(repo_id, key)
+    else:
+        path = resolve("models", name_or_path, key)
+    return _load_path(str(path), path.stat().st_mtime_ns, repo_id)
 
 
 def list_models() -> list[ModelSpec]:
@@ -802,7 +1115,8 @@ def model_table() -> list[dict[str, Any]]:
     """One row of key numbers per built-in model, for ``batchsim list models``.
 
     Keys: name, description, params_b, active_params_b, official_params_b, layers, hidden,
-    heads, kv_heads, attention, experts, kv_kib_per_token_bf16, weights_gb_bf16 (decimal GB),
-    sliding_window, max_context.
+    heads, kv_heads, attention, experts, kv_kib_per_token_bf16 (every layer at full length:
+    what the engine charges per cached token), weights_gb_bf16 (decimal GB), sliding_window
+    (the window of every layer, or ``"W on S/L layers"`` for a hybrid model), max_context.
     """
     return [spec.summary() for spec in list_models()]

@@ -67,10 +67,12 @@ class LayerKernels:
             out; 2 otherwise).
         moe: The MoE MLP, None for a dense model.
         lm_head: Logits GEMM (vocab-parallel).
-        norms: The two norms of a layer (input and post-attention).
+        norms: The norms of a layer of width ``hidden_size`` (input and post-attention; Gemma
+            also pre- and post-feed-forward).
         residual_add: The residual add (two inputs, one output).
         rope: Rotary embedding of the new q and k rows (no launch without rotary).
-        latent_norms: MLA's q_a / kv_a layernorms (no launch for other models).
+        latent_norms: MLA's q_a / kv_a layernorms, or the per-head q/k norms of Qwen3 and
+            Gemma 3 (no launch for other models).
         ends: Embedding gather and final norm, once per forward pass.
         replicated_params: Parameters every rank holds in full (MLA q_a/kv_a, GQA KV heads
             when fewer than tp, MoE routers), all layers.
@@ -127,7 +129,11 @@ class LayerKernels:
             qkv = [Gemm(h, int((heads + 2 * kv_heads) * hd))]
             o = [Gemm(int(heads * hd), h)]
             rope_elems = 0.0 if m.num_learned_positions else (heads + kv_heads) * hd
-            latent_norms = ElementwiseKernel(0.0, 0.0, 0)
+            if m.qk_norm:  # q_norm and k_norm over the new rows' heads (read and write)
+                qk_elems = (heads + kv_heads) * hd
+                latent_norms = ElementwiseKernel(2.0 * qk_elems, 4.0 * qk_elems, 2)
+            else:
+                latent_norms = ElementwiseKernel(0.0, 0.0, 0)
             # KV heads replicated when fewer than tp: each rank holds kv_heads (not nkv/tp) of
             # them; expressed as the parameter count R with R - R/tp = that per-rank surplus
             surplus = h * 2 * hd * (kv_heads - m.num_key_value_heads / tp)
@@ -147,7 +153,9 @@ class LayerKernels:
             gate_factor=3.0 if m.gated_mlp else 2.0,
             moe=MoeLayer.from_model(m, tp) if m.is_moe else None,
             lm_head=Gemm(m.word_embed_proj_dim or h, math.ceil(m.vocab_size / tp)),
-            norms=ElementwiseKernel(4.0 * h, 8.0 * h, 2),
+            norms=ElementwiseKernel(
+                2.0 * m.num_layer_norms * h, 4.0 * m.num_layer_norms * h, m.num_layer_norms
+            ),
             residual_add=ElementwiseKernel(3.0 * h, 1.0 * h, 1),
             rope=ElementwiseKernel(2.0 * rope_elems, 3.0 * rope_elems, 1 if rope_elems else 0),
             latent_norms=latent_norms,

@@ -209,7 +209,7 @@ class RooflineCostModel:
             act_kernels += lk.num_moe_layers * lk.moe.activation_kernels
         cache_write = _NO_KERNEL
         if t > 0:
-            # per layer: 2 norms (in+out), residual add (2 in, 1 out), rotary (q,k in+out)
+            # per layer: norms (in+out), residual add (2 in, 1 out), rotary (q,k in+out)
             nrm, add, rope, lat = lk.norms, lk.residual_add, lk.rope, lk.latent_norms
             elems_row = nrm.elems + add.elems + rope.elems + lat.elems
             flops_row = nrm.flops + add.flops + rope.flops + lat.flops
