@@ -102,6 +102,20 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
         print(f"  {key:<{width}}  {value}", file=out)
 
 
+def _replicas_line(replicas: Any) -> str:
+    """``8 replicas (4 x h100-sxm TP2, 4 x a100-80gb), completed 61-64 each``."""
+    groups: dict[tuple[str, int], int] = {}
+    for hardware, tp in zip(replicas["hardware"], replicas["tensor_parallel_size"]):
+        groups[(hardware, tp)] = groups.get((hardware, tp), 0) + 1
+    kinds = ", ".join(
+        f"{count} x {hardware}" + (f" TP{tp}" if tp > 1 else "")
+        for (hardware, tp), count in groups.items()
+    )
+    completed = replicas["completed"]
+    spread = f"{completed.min()}-{completed.max()}" if len(completed) > 1 else f"{completed.max()}"
+    return f"{len(replicas)} replicas ({kinds}), completed {spread} each"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from batchsim.config import ExperimentSource, parse_override
     from batchsim.progress import RunProgress
@@ -136,6 +150,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(
         f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"
     )
+    if config.cluster is not None:
+        print(f"  {_replicas_line(result.replicas)}, router {config.cluster.router}")
     print_summary(result.summary)
     print(f"  wrote {out_dir}/{{{','.join(result.files)}}}")
     sample = config.output.iteration_sample
