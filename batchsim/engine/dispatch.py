@@ -322,9 +322,17 @@ class ReplicaLink:
         self.dispatcher.on_left(request, now)
 
     # ----------------------------------------------------- the step loop's hooks
-    def next_pass(self, now: float) -> simpy.Event:
+    def pass_at(self, now: float) -> simpy.Event:
         """Sleep until this replica's pass at ``now`` (after routing at that instant)."""
         return self.sleeper.sleep(now, self._pass_priority)
+
+    def next_pass(self, now: float) -> simpy.Event | None:
+        """After an iteration that ended at ``now``: the sleep until this replica's pass at
+        ``now``, or None when nothing else happens at this instant (no other event is due by
+        now), so that the pass may run at once: it would be the next thing anyway."""
+        if self.env.peek() > now:
+            return None
+        return self.pass_at(now)
 
     def idle(self, wake: float) -> simpy.Event:
         """Sleep until ``wake`` (inf: until a request is routed here, or, holding requests,

@@ -1,4 +1,4 @@
-"""The simulated serving engine: the only module that imports simpy.
+"""The simulated serving engine (with :mod:`.dispatch`, the only modules that import simpy).
 
 One SimPy process runs the engine's step loop::
 
@@ -33,6 +33,11 @@ Rules, each tested:
   advanced over many iterations in one timeout, cut at the next arrival, cancellation or
   timer (:mod:`batchsim.engine.stretch`); so are chunked prefill's chunks of one prompt.
   ``fast_forward=False`` runs them one at a time (same results).
+- **Replicas.** With a :class:`~batchsim.engine.dispatch.ReplicaLink`, the engine is one
+  replica of a cluster: its arrivals are the requests a router sends it, it shares the
+  cluster's SimPy environment, and the link orders its passes among the cluster's events of
+  the same instant and logs its stretches when they end (a routed request may cut one).
+  Without it (one engine on its own) nothing of this runs.
 - **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
   every call: an exception it raises, an iteration that schedules a request that is not
   running, more tokens than a request has, a count below 1 or tokens without KV blocks, a
@@ -339,7 +344,7 @@ class Engine:
         now = env.now
         link = self.link
         if link is not None:
-            now = yield link.next_pass(now)
+            now = yield link.pass_at(now)
         while True:
             if on_step is not None:
                 on_step(self)
@@ -407,7 +412,9 @@ class Engine:
             for request in finished:
                 self._left(request, times.end)
             if link is not None:  # the router's turn first at this instant
-                now = yield link.next_pass(now)
+                turn = link.next_pass(now)
+                if turn is not None:
+                    now = yield turn
 
     def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
         cost = self.cost_model.step_cost(output.shape)
