@@ -188,9 +188,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",
             file=sys.stderr,
         )
-    block = config.engine.block_size
+    if config.cluster is None:
+        print(f"{args.experiment}: ok — {_engine_line(config, setup)}")
+        return 0
+    from batchsim.cluster.replicas import build_groups
+
+    groups = build_groups(config)
     print(
-        f"{args.experiment}: ok — {config.scheduler.policy} on {setup.model.name} / "
+        f"{args.experiment}: ok — {config.cluster.num_replicas} replicas behind "
+        f"{config.cluster.router}:"
+    )
+    for count, experiment, group_setup in groups:
+        print(f"  {count} x {_engine_line(experiment, group_setup)}")
+    return 0
+
+
+def _engine_line(config: Any, setup: Any) -> str:
+    """``continuous on llama-2-7b / a100-80gb (tp=1), KV cache ... tokens``."""
+    block = config.engine.block_size
+    return (
+        f"{config.scheduler.policy} on {setup.model.name} / "
         f"{setup.hardware.name} (tp={config.parallel.tensor_parallel_size}), KV cache "
         f"{setup.num_gpu_blocks:,} blocks x {block} = {setup.num_gpu_blocks * block:,} tokens"
         + (
@@ -200,7 +217,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    return 0
 
 
 def _positive_int(text: str) -> int:

@@ -479,7 +479,8 @@ def test_plot_and_report_draw_a_cluster_run(tmp_path, capsys):
         assert cli.main(["plot", kind, str(run), "-o", str(tmp_path / f"{kind}.png")]) == 0
         assert (tmp_path / f"{kind}.png").stat().st_size > 0
     assert cli.main(["report", str(run), "-o", str(tmp_path / "report.html")]) == 0
-    assert "replicas" in (tmp_path / "report.html").read_text(encoding="utf-8")
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="table-replicas"' in page and page.count("h100-sxm</td>") == 1
 
 
 def test_a_sweep_over_routers_runs_every_router(tmp_path):

@@ -50,16 +50,9 @@ def run_cluster(
     """Simulate ``config`` (with a ``cluster:`` block) on the requests of ``table``."""
     cluster = config.cluster
     assert cluster is not None, "not a cluster"
-    groups = group_experiments(config)
     replicas: list[tuple[ExperimentConfig, Setup]] = []
     notes: list[str] = []
-    for i, (count, experiment) in enumerate(groups):
-        try:
-            setup = build(experiment)
-        except ConfigError as exc:
-            if isinstance(cluster.replicas, int):
-                raise
-            raise ConfigError(f"cluster.replicas[{i}]: {exc.message}") from None
+    for count, experiment, setup in build_groups(config):
         policy = load_policy(experiment.scheduler.policy)
         notes += [n for n in unused_key_notes(experiment, policy) if n not in notes]
         replicas += [(experiment, setup)] * count
@@ -100,6 +93,27 @@ def run_cluster(
     request_log = RequestLog.concatenate([e.request_log for e in engines], offsets)
     iterations = IterationLog.concatenate([e.iterations for e in engines])
     return ClusterRun(request_log, iterations, records, capacity, notes)
+
+
+def build_groups(config: ExperimentConfig) -> list[tuple[int, ExperimentConfig, Setup]]:
+    """Each group of replicas of ``config``: (count, the experiment of one of its replicas,
+    what :func:`~batchsim.simulation.build` makes of it).
+
+    Raises:
+        ConfigError: A group's hardware or settings cannot be built; the message names the
+            group (``cluster.replicas[1]: ...``).
+    """
+    assert config.cluster is not None, "not a cluster"
+    out = []
+    for i, (count, experiment) in enumerate(group_experiments(config)):
+        try:
+            setup = build(experiment)
+        except ConfigError as exc:
+            if isinstance(config.cluster.replicas, int):
+                raise
+            raise ConfigError(f"cluster.replicas[{i}]: {exc.message}") from None
+        out.append((count, experiment, setup))
+    return out
 
 
 class _ClusterProgress:
