@@ -110,8 +110,8 @@ def render(source: Run | Study) -> str:
         page.add("summary", "Summary", _summary(source.summary))
         if source.has_table("replicas"):  # a cluster run
             intro = "One row per replica of the cluster, over the summary's counting window."
-            table = _data_table(source.replicas, "table-replicas", "replicas.csv", intro)
-            page.add("replicas", "Replicas", table)
+            replicas = _data_table(source.replicas, "table-replicas", "replicas.csv", intro)
+            page.add("replicas", "Replicas", replicas)
         _add_figures(page, source)
         config_text, config_note = _run_config(source)
     else:
