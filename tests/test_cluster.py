@@ -505,3 +505,39 @@ def test_config_yaml_of_a_cluster_run_reruns_it_identically(tmp_path):
     )
     assert_summaries_match(first.summary, again.summary)
     assert again.requests.equals(first.requests)
+
+
+def test_a_request_routed_during_a_stretch_cuts_it_at_the_next_iteration_end(
+    user_routers, tmp_path, monkeypatch
+):
+    from batchsim.engine.plan import StretchPlan
+
+    # request 0 decodes 300 tokens alone on replica 0 (one fast-forwarded stretch); requests
+    # 1 and 2 arrive during it and are routed to the busy replica 0 by the Busiest router
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "arrival_time,prompt_tokens,output_tokens\n0.0,100,300\n0.517,50,5\n1.2345,50,5\n",
+        encoding="utf-8",
+    )
+    data = with_cluster(tiny_experiment(), replicas=2, router=f"{user_routers}:Busiest")
+    data["workload"] = {"trace": {"path": str(trace), "format": "csv"}}
+    cuts: list[float] = []
+    cut = StretchPlan.cut
+
+    def counted(self: StretchPlan, time: float) -> float:
+        cuts.append(time)
+        return cut(self, time)
+
+    monkeypatch.setattr(StretchPlan, "cut", counted)
+    result = sim(data)
+    assert cuts == [0.517, 1.2345]
+    req, it = result.requests.set_index("request_id"), result.iterations
+    assert (req["replica"] == 0).all()
+    ends = (it["start_time_s"] + it["duration_ms"] / 1e3).to_numpy()
+    for rid in (1, 2):
+        arrival = req.loc[rid, "arrival_time_s"]
+        # brute force: the first iteration of replica 0 to end at or after the arrival
+        boundary = ends[ends >= arrival].min()
+        assert req.loc[rid, "first_scheduled_time_s"] == pytest.approx(boundary, abs=1e-12)
+    slow = sim({**data, "engine": {"fast_forward": False}})
+    assert_same_run(result, slow)
