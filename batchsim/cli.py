@@ -102,6 +102,20 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
         print(f"  {key:<{width}}  {value}", file=out)
 
 
+def _replicas_line(replicas: Any) -> str:
+    """``8 replicas (4 x h100-sxm TP2, 4 x a100-80gb), completed 61-64 each``."""
+    groups: dict[tuple[str, int], int] = {}
+    for hardware, tp in zip(replicas["hardware"], replicas["tensor_parallel_size"]):
+        groups[(hardware, tp)] = groups.get((hardware, tp), 0) + 1
+    kinds = ", ".join(
+        f"{count} x {hardware}" + (f" TP{tp}" if tp > 1 else "")
+        for (hardware, tp), count in groups.items()
+    )
+    completed = replicas["completed"]
+    spread = f"{completed.min()}-{completed.max()}" if len(completed) > 1 else f"{completed.max()}"
+    return f"{len(replicas)} replicas ({kinds}), completed {spread} each"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from batchsim.config import ExperimentSource, parse_override
     from batchsim.progress import RunProgress
@@ -136,6 +150,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(
         f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"
     )
+    if config.cluster is not None:
+        print(f"  {_replicas_line(result.replicas)}, router {config.cluster.router}")
     print_summary(result.summary)
     print(f"  wrote {out_dir}/{{{','.join(result.files)}}}")
     sample = config.output.iteration_sample
@@ -172,9 +188,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",
             file=sys.stderr,
         )
-    block = config.engine.block_size
+    if config.cluster is None:
+        print(f"{args.experiment}: ok — {_engine_line(config, setup)}")
+        return 0
+    from batchsim.cluster.replicas import build_groups
+
+    groups = build_groups(config)
     print(
-        f"{args.experiment}: ok — {config.scheduler.policy} on {setup.model.name} / "
+        f"{args.experiment}: ok — {config.cluster.num_replicas} replicas behind "
+        f"{config.cluster.router}:"
+    )
+    for count, experiment, group_setup in groups:
+        print(f"  {count} x {_engine_line(experiment, group_setup)}")
+    return 0
+
+
+def _engine_line(config: Any, setup: Any) -> str:
+    """``continuous on llama-2-7b / a100-80gb (tp=1), KV cache ... tokens``."""
+    block = config.engine.block_size
+    return (
+        f"{config.scheduler.policy} on {setup.model.name} / "
         f"{setup.hardware.name} (tp={config.parallel.tensor_parallel_size}), KV cache "
         f"{setup.num_gpu_blocks:,} blocks x {block} = {setup.num_gpu_blocks * block:,} tokens"
         + (
@@ -184,7 +217,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    return 0
 
 
 def _positive_int(text: str) -> int:

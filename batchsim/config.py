@@ -17,9 +17,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from batchsim.catalog import catalog_dir
+from batchsim.cluster.config import ClusterConfig, check_cluster
 from batchsim.errors import ConfigError
 from batchsim.scheduler.interface import SchedulerConfig
 from batchsim.scheduler.registry import load_policy
@@ -175,11 +182,30 @@ class ExperimentConfig(ConfigModel):
     slo: SloConfig | None = None
     metrics: MetricsConfig = MetricsConfig()
     output: OutputConfig = OutputConfig()
+    cluster: ClusterConfig | None = None
+    """Replicas of the engine behind a router (:mod:`batchsim.cluster`); None: one engine.
+    Left out of the resolved config when None."""
+
+    @model_serializer(mode="wrap")
+    def _without_cluster(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an experiment without replicas dumps as it did before cluster: existed
+        data = handler(self)
+        if data.get("cluster", 0) is None:
+            del data["cluster"]
+        return data
 
     @property
     def num_gpus(self) -> int:
-        """GPUs one run of this experiment occupies (``parallel.tensor_parallel_size``)."""
-        return self.parallel.tensor_parallel_size
+        """GPUs one run of this experiment occupies (``parallel.tensor_parallel_size``; the
+        sum over the replicas of a cluster)."""
+        if self.cluster is None:
+            return self.parallel.tensor_parallel_size
+        total = 0
+        for group in self.cluster.groups:
+            parallel = (group.parallel or {}).get("tensor_parallel_size")
+            tp = parallel if isinstance(parallel, int) else self.parallel.tensor_parallel_size
+            total += group.count * tp
+        return total
 
     @field_validator("hardware", "model")
     @classmethod
@@ -352,6 +378,14 @@ def _absolutize(data: dict[str, Any], base_dir: Path) -> None:
             candidate = base_dir / value
             if candidate.is_file():
                 data[key] = str(candidate.resolve())
+    cluster = data.get("cluster")
+    groups = cluster.get("replicas") if isinstance(cluster, dict) else None
+    for group in groups if isinstance(groups, list) else ():
+        value = group.get("hardware") if isinstance(group, dict) else None
+        if isinstance(value, str) and ("/" in value or value.endswith((".yaml", ".yml"))):
+            candidate = base_dir / value
+            if candidate.is_file():
+                group["hardware"] = str(candidate.resolve())
     workload = data.get("workload")
     if isinstance(workload, dict):
         trace = workload.get("trace")
@@ -413,6 +447,7 @@ def validate_experiment(
         raise _located(err.message, source, text, overridden) from None
     try:
         load_policy(config.scheduler.policy).check_config(config.scheduler)
+        check_cluster(config)
     except ConfigError as exc:
         raise _located(exc.message, source, text, overridden) from None
     return config

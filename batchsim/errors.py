@@ -7,6 +7,9 @@ allowed values. The CLI prints that line and exits with code 2. Anything else is
 
 from __future__ import annotations
 
+import os
+import traceback
+
 
 class BatchsimError(Exception):
     """Base class of every exception batchsim raises on purpose."""
@@ -53,3 +56,21 @@ class PolicyError(ConfigError):
     """A batching policy written outside batchsim (``package.module:Class``) broke a rule of
     the scheduler interface: it raised, returned something that is not an iteration, or
     stopped making progress. The message names the policy and the rule."""
+
+
+class RouterError(ConfigError):
+    """A router written outside batchsim (``cluster.router: package.module:Class``) raised or
+    chose something that is not a replica. The message names the router and the rule."""
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message (at file:line)`` of an exception raised by code written outside
+    batchsim (a policy, a router), pointing at the innermost frame outside batchsim."""
+    package = os.path.dirname(__file__)  # the batchsim package
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not frame.filename.startswith(package):
+            where = f" (at {frame.filename}:{frame.lineno})"
+            break
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {message}{where}" if message else f"{type(exc).__name__}{where}"

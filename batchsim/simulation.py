@@ -3,11 +3,12 @@ engine -> tables and summary, and write the output directory.
 
 The output files and their names are a contract (``summary.json``, ``requests.csv``,
 ``iterations.csv``, ``config.yaml``; with ``output.format: parquet`` the tables are
-``requests.parquet`` and ``iterations.parquet``); a run writes them into a hidden temporary
-directory and moves them in place only when everything succeeded, so bad input, a full disk or
-an interrupt never leaves a half-written directory, and it replaces only files of a previous
-batchsim run (:func:`check_output_dir`), removing those of its files the new run does not
-write (the other format's tables, an iterations table the new run leaves out).
+``requests.parquet`` and ``iterations.parquet``; a cluster run adds ``replicas.csv``); a run
+writes them into a hidden temporary directory and moves them in place only when everything
+succeeded, so bad input, a full disk or an interrupt never leaves a half-written directory,
+and it replaces only files of a previous batchsim run (:func:`check_output_dir`), removing
+those of its files the new run does not write (the other format's tables, an iterations table
+the new run leaves out).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ from batchsim.metrics.logs import (
     IterationLog,
     sample_rows,
 )
+from batchsim.metrics.replicas import REPLICA_COLUMNS, replica_table
 from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import _jsonable, write_csv, write_parquet
+from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.registry import load_policy
 from batchsim.workload import generate
 
@@ -61,7 +64,7 @@ OUTPUT_FILES = ("summary.json", "requests.csv", "iterations.csv", "config.yaml")
 """The files of a run with the default ``output:`` block."""
 SLOTS_FILE = "slots.csv"
 """Written besides the four when the run records its batch slots (``metrics.record_slots``)."""
-TABLES = ("requests", "iterations", "slots")
+TABLES = ("requests", "iterations", "slots", "replicas")
 """The tables a run may write, each as ``<table>.csv`` or ``<table>.parquet``."""
 ALL_OUTPUT_FILES = (
     "summary.json",
@@ -75,7 +78,8 @@ and a run replacing a previous one removes those of them it does not write itsel
 def output_files(config: ExperimentConfig) -> tuple[str, ...]:
     """The files a run of ``config`` writes (``summary.json`` first, ``config.yaml`` after the
     tables): the requests table, the iterations table unless ``output.iterations: none``, the
-    slots table with ``metrics.record_slots``, in ``output.format``."""
+    slots table with ``metrics.record_slots``, the replicas table with ``cluster:``, in
+    ``output.format``."""
     fmt = config.output.format
     names = ["summary.json", f"requests.{fmt}"]
     if config.output.iterations != "none":
@@ -83,6 +87,8 @@ def output_files(config: ExperimentConfig) -> tuple[str, ...]:
     names.append("config.yaml")
     if config.metrics.record_slots:
         names.append(f"slots.{fmt}")
+    if config.cluster is not None:
+        names.append(f"replicas.{fmt}")
     return tuple(names)
 
 
@@ -106,13 +112,15 @@ class Result:
     slot_columns: Columns | None = None
     """``slots.csv`` as numpy columns, when the run recorded its batch slots
     (``metrics.record_slots``)."""
+    replica_columns: Columns | None = None
+    """``replicas.csv`` as numpy columns: one row per replica of a cluster (``cluster:``)."""
 
     @property
     def files(self) -> tuple[str, ...]:
         """The output files this run writes (:func:`output_files`): ``summary.json``,
         ``requests.csv``, ``iterations.csv``, ``config.yaml`` by default, and ``slots.csv`` if
-        recorded; the tables as ``.parquet`` with ``output.format: parquet``; no iterations
-        table with ``output.iterations: none``."""
+        recorded, ``replicas.csv`` for a cluster; the tables as ``.parquet`` with
+        ``output.format: parquet``; no iterations table with ``output.iterations: none``."""
         names = [n for n in output_files(self.config) if not n.startswith("slots.")]
         if self.slot_columns is not None:
             names.append(f"slots.{self.config.output.format}")
@@ -144,19 +152,41 @@ class Result:
         """``iterations.csv`` as numpy columns (plus ``compute_bound``)."""
         return self.iteration_log.to_columns()
 
+    @property
+    def request_column_names(self) -> list[str]:
+        """The columns of ``requests.csv``: :data:`REQUEST_COLUMNS`, with ``replica`` after
+        ``request_id`` in a cluster run."""
+        return _with_replica(REQUEST_COLUMNS, "request_id", self.replica_columns is not None)
+
+    @property
+    def iteration_column_names(self) -> list[str]:
+        """The columns of ``iterations.csv``: :data:`ITERATION_COLUMNS`, with ``replica``
+        after ``iteration`` in a cluster run (the iterations of replica 0, then replica 1...,
+        numbered on across the cluster)."""
+        return _with_replica(ITERATION_COLUMNS, "iteration", self.replica_columns is not None)
+
     @functools.cached_property
     def requests(self) -> pd.DataFrame:
         """One row per request (``requests.csv``) as a pandas DataFrame."""
         import pandas as pd
 
-        return pd.DataFrame(self.request_columns, columns=REQUEST_COLUMNS)
+        return pd.DataFrame(self.request_columns, columns=self.request_column_names)
 
     @functools.cached_property
     def iterations(self) -> pd.DataFrame:
         """One row per iteration (``iterations.csv``) as a pandas DataFrame."""
         import pandas as pd
 
-        return pd.DataFrame(self.iteration_columns, columns=ITERATION_COLUMNS)
+        return pd.DataFrame(self.iteration_columns, columns=self.iteration_column_names)
+
+    @functools.cached_property
+    def replicas(self) -> pd.DataFrame:
+        """One row per replica (``replicas.csv``) of a cluster run, as a pandas DataFrame."""
+        import pandas as pd
+
+        if self.replica_columns is None:
+            raise ConfigError("this run has no replicas (cluster: is not set)")
+        return pd.DataFrame(self.replica_columns, columns=REPLICA_COLUMNS)
 
     def write(self, out_dir: str | Path) -> Path:
         """Write the output files into ``out_dir`` (created if needed); return it.
@@ -203,9 +233,10 @@ class Result:
             "config.yaml": lambda path: path.write_text(dump_config(self.config), encoding="utf-8"),
         }
         tables: dict[str, tuple[Callable[[], Iterable[Columns]], list[str]]] = {
-            "requests": (lambda: [self.request_columns], REQUEST_COLUMNS),
-            "iterations": (self.iteration_tables, ITERATION_COLUMNS),
+            "requests": (lambda: [self.request_columns], self.request_column_names),
+            "iterations": (self.iteration_tables, self.iteration_column_names),
             "slots": (lambda: [self.slot_columns or {}], list(SLOT_COLUMNS)),
+            "replicas": (lambda: [self.replica_columns or {}], REPLICA_COLUMNS),
         }
         try:
             for name in names:
@@ -231,6 +262,13 @@ class Result:
             for directory in reversed(created):
                 with contextlib.suppress(OSError):
                     directory.rmdir()
+
+
+def _with_replica(columns: list[str], after: str, cluster: bool) -> list[str]:
+    if not cluster:
+        return columns
+    at = columns.index(after) + 1
+    return [*columns[:at], "replica", *columns[at:]]
 
 
 def summary_json(summary: Mapping[str, Any]) -> str:
@@ -403,22 +441,13 @@ def build(config: ExperimentConfig) -> Setup:
     return Setup(config, hardware, model, cost_model, blocks, cpu_blocks, swap_time)
 
 
-def simulate(
-    config: ExperimentConfig, base_dir: Path | None = None, progress: RunProgress | None = None
-) -> Result:
-    """Run one validated experiment and return its :class:`Result`.
-
-    Args:
-        config: The experiment.
-        base_dir: The directory relative workload files are relative to.
-        progress: A progress line to keep up to date (``batchsim run`` on a terminal).
-    """
-    wall_start = time.perf_counter()
-    setup = build(config)
-    table = generate(config.workload, config.seed, base_dir)
+def engine_parts(
+    config: ExperimentConfig, setup: Setup, policy_cls: type[Scheduler]
+) -> tuple[KVCacheManager, Scheduler, EngineOptions]:
+    """The KV cache, the policy over it and the engine settings of one engine of ``config``
+    (each replica of a cluster has its own)."""
     engine_cfg = config.engine
     hardware = setup.hardware
-    policy_cls = load_policy(config.scheduler.policy)
     window = setup.model.sliding_window
     kv = KVCacheManager(
         setup.num_gpu_blocks,
@@ -445,6 +474,26 @@ def simulate(
         swap_time_per_block=setup.swap_time_per_block,
         record_slots=config.metrics.record_slots,
     )
+    return kv, scheduler, options
+
+
+def simulate(
+    config: ExperimentConfig, base_dir: Path | None = None, progress: RunProgress | None = None
+) -> Result:
+    """Run one validated experiment and return its :class:`Result`.
+
+    Args:
+        config: The experiment.
+        base_dir: The directory relative workload files are relative to.
+        progress: A progress line to keep up to date (``batchsim run`` on a terminal).
+    """
+    wall_start = time.perf_counter()
+    if config.cluster is not None:
+        return _simulate_cluster(config, base_dir, progress, wall_start)
+    setup = build(config)
+    table = generate(config.workload, config.seed, base_dir)
+    policy_cls = load_policy(config.scheduler.policy)
+    kv, scheduler, options = engine_parts(config, setup, policy_cls)
     engine = Engine(scheduler, setup.cost_model, table, options, on_step=progress)
     engine.run()
     assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
@@ -453,10 +502,6 @@ def simulate(
     request_log, iterations, slot_log = engine.request_log, engine.iterations, engine.slot_log
     del engine, table, scheduler  # the workload and the simulator: not needed any more
     requests = request_log.to_columns()
-    workload = config.workload
-    rate = math.nan  # a conversation's arrival process starts conversations, not requests
-    if workload.arrival is not None and workload.conversation is None:
-        rate = workload.arrival.mean_rate()
     summary = summarize(
         request_log,
         iterations,
@@ -464,20 +509,68 @@ def simulate(
         slo=config.slo.model_dump() if config.slo else None,
         warmup_s=config.metrics.warmup_s,
         cooldown_s=config.metrics.cooldown_s,
-        request_rate=rate,
+        request_rate=_request_rate(config),
         hand_over=True,
     )
     summary["num_gpu_blocks"] = kv.num_blocks
     summary["kv_cache_capacity_tokens"] = kv.capacity_tokens
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")  # as config.yaml: every key
-    notes = [
-        f"scheduler.{key} is not used by policy {config.scheduler.policy}"
-        for key in unused_scheduler_keys(config, policy_cls.config_keys)
-    ]
+    notes = unused_key_notes(config, policy_cls)
     del request_log  # its token runs: only the summary needs them
     slots = slot_log.to_columns() if slot_log is not None else None
     return Result(summary, config, requests, iterations, notes, slot_columns=slots)
+
+
+def _request_rate(config: ExperimentConfig) -> float:
+    """The workload's mean arrival rate (NaN for a closed loop, a trace, or conversations,
+    whose arrival process starts conversations, not requests)."""
+    workload = config.workload
+    if workload.arrival is None or workload.conversation is not None:
+        return math.nan
+    return workload.arrival.mean_rate()
+
+
+def unused_key_notes(config: ExperimentConfig, policy_cls: type[Scheduler]) -> list[str]:
+    return [
+        f"scheduler.{key} is not used by policy {config.scheduler.policy}"
+        for key in unused_scheduler_keys(config, policy_cls.config_keys)
+    ]
+
+
+def _simulate_cluster(
+    config: ExperimentConfig,
+    base_dir: Path | None,
+    progress: RunProgress | None,
+    wall_start: float,
+) -> Result:
+    """:func:`simulate` of an experiment with a ``cluster:`` block."""
+    from batchsim.cluster.replicas import run_cluster
+
+    table = generate(config.workload, config.seed, base_dir)
+    run = run_cluster(config, table, progress)
+    del table
+    if progress is not None:
+        progress.stage("summarizing")
+    requests = run.request_log.to_columns()
+    metrics = config.metrics
+    summary = summarize(
+        run.request_log,
+        run.iterations,
+        requests=requests,
+        slo=config.slo.model_dump() if config.slo else None,
+        warmup_s=metrics.warmup_s,
+        cooldown_s=metrics.cooldown_s,
+        request_rate=_request_rate(config),
+        hand_over=True,
+        num_replicas=len(run.replicas),
+    )
+    summary["num_gpu_blocks"] = sum(r.num_gpu_blocks for r in run.replicas)
+    summary["kv_cache_capacity_tokens"] = run.capacity_tokens
+    replicas = replica_table(run.replicas, requests, metrics.warmup_s, metrics.cooldown_s)
+    summary["wall_time_s"] = time.perf_counter() - wall_start
+    summary["config"] = config.model_dump(mode="json")
+    return Result(summary, config, requests, run.iterations, run.notes, replica_columns=replicas)
 
 
 def run(

@@ -269,7 +269,8 @@ def _describe(err: dict[str, Any], prefix: str, root: type[BaseModel] | None) ->
     error = ctx.get("error")
     if kind == "value_error" and isinstance(error, FieldError):
         key = _join(path, [error.key]) if error.key else path
-        return f"{key}{'' if error.message.startswith(':') else ' '}{error.message}"
+        joined = error.message.startswith((":", "[", "."))  # a statement, or a deeper key
+        return f"{key}{'' if joined else ' '}{error.message}"
     if kind in ("value_error", "assertion_error"):
         msg = str(err["msg"])
         for lead in ("Value error, ", "Assertion failed, "):

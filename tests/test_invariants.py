@@ -280,3 +280,98 @@ def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):
     assert result.summary["num_preemptions"] == 0 == it["num_preempted"].sum()
     assert tokens.max() <= 100, it.loc[tokens > 100, ["num_prefill_tokens", "num_decode_tokens"]]
     assert (result.requests["status"] == RequestStatus.FINISHED.name.lower()).all()
+
+
+# ----------------------------------------------------------------- replicas behind a router
+
+ROUTER_NAMES = (
+    "round_robin",
+    "random",
+    "least_outstanding",
+    "least_kv",
+    "power_of_two",
+    "prefix_aware",
+)
+
+
+@st.composite
+def cluster_experiments(draw: st.DrawFn) -> dict[str, Any]:
+    """:func:`experiments` behind a router: 1-4 equal replicas, or groups whose KV caches and
+    batch caps differ."""
+    data = draw(experiments())
+    if draw(st.booleans()):
+        replicas: Any = draw(st.integers(1, 4))
+    else:
+        replicas = [
+            {
+                "count": draw(st.integers(1, 2)),
+                "engine": {"num_gpu_blocks": draw(st.integers(2, 64))},
+                "scheduler": {"max_num_seqs": draw(st.integers(1, 8))},
+            }
+            for _ in range(draw(st.integers(1, 3)))
+        ]
+    cluster: dict[str, Any] = {"replicas": replicas, "router": draw(st.sampled_from(ROUTER_NAMES))}
+    if draw(st.booleans()):
+        cluster["router_overhead_ms"] = draw(st.sampled_from([0.0, 0.5, 7.0]))
+    data["cluster"] = cluster
+    return data
+
+
+def run_cluster(data: dict[str, Any]) -> tuple[Result, list[Engine]]:
+    from unittest import mock
+
+    from batchsim.cluster import replicas as replicas_module
+
+    engines: list[Engine] = []
+
+    class RecordingEngine(Engine):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    with mock.patch.object(replicas_module, "Engine", RecordingEngine):
+        result = simulate(validate_experiment(data))
+    return result, engines
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster_experiments())
+def test_random_cluster_experiments_keep_every_invariant(data):
+    result, engines = run_cluster(data)
+    req, it, summary = result.requests, result.iterations, result.summary
+    num = data["workload"]["num_requests"]
+    # Every request ends exactly once, on the replica it was routed to.
+    assert sorted(req["request_id"]) == list(range(num))
+    assert set(req["status"]) <= FINAL
+    assert sum(e.request_log.num_rows for e in engines) == num
+    for index, engine in enumerate(engines):
+        assert engine.request_log.num_rows == engine.num_arrived == (req["replica"] == index).sum()
+        assert not engine.scheduler.has_unfinished_requests()
+        kv = engine.scheduler.kv_cache
+        assert kv.num_used_blocks == 0 and kv.num_free_cpu_blocks == kv.num_cpu_blocks
+        # each replica runs one iteration at a time, within its own batch cap
+        mine = it[it["replica"] == index]
+        starts = mine["start_time_s"].to_numpy()
+        ends = starts + mine["duration_ms"].to_numpy() / 1e3
+        assert (np.diff(starts) >= 0).all() and (starts[1:] >= ends[:-1] - TIME_TOL_S).all()
+        assert (mine["num_seqs"] <= engine.scheduler.max_num_seqs).all()
+    done = req[req["status"] == "finished"]
+    assert (done["arrival_time_s"] <= done["first_scheduled_time_s"]).all()
+    overhead_s = data["cluster"].get("router_overhead_ms", 0.0) / 1e3
+    queue = done["first_scheduled_time_s"] - done["arrival_time_s"]
+    assert (queue >= overhead_s - TIME_TOL_S).all()  # no replica sees a request before it
+    assert result.replicas["num_requests"].sum() == summary["num_requests"] == num
+    assert summary["completed"] + summary["num_rejected"] + summary["num_cancelled"] == num
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster_experiments())
+def test_fast_forward_equals_stepping_on_clusters(data):
+    # A stretch that a request routed to its replica cuts short, and what routers see of a
+    # replica inside a stretch, must match stepping: the same routes, the same run.
+    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
+    fast["engine"]["fast_forward"] = True
+    slow["engine"]["fast_forward"] = False
+    a, b = simulate(validate_experiment(fast)), simulate(validate_experiment(slow))
+    assert_same_run(a, b)
+    assert a.requests["replica"].tolist() == b.requests["replica"].tolist()

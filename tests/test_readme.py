@@ -45,6 +45,24 @@ def test_readme_out_of_tree_policy_runs(tmp_path, monkeypatch):
     assert result.requests["first_scheduled_time_s"].nunique() > 1
 
 
+def test_readme_user_router_runs(tmp_path, monkeypatch):
+    module = _code_block_after("## Replicas and routing", "python")
+    (tmp_path / "myrouters.py").write_text(module, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        exp = tiny_experiment()
+        exp["cluster"] = {
+            "replicas": [{"count": 1}, {"count": 1, "parallel": {"tensor_parallel_size": 2}}],
+            "router": "myrouters:FewestWaitingFastestFirst",
+        }
+        exp["workload"]["arrival"] = {"process": "constant", "rate": 1.0}
+        result = batchsim.run(exp)
+    finally:
+        sys.modules.pop("myrouters", None)
+    # one request a second: none ever waits, so every request goes to the two-GPU replica
+    assert result.replicas["num_requests"].tolist() == [0, 60]
+
+
 def test_readme_python_api_example_runs(monkeypatch):
     monkeypatch.chdir(README.parent)
     code = _code_block_after("## Python API", "python")

@@ -1,4 +1,4 @@
-"""The simulated serving engine: the only module that imports simpy.
+"""The simulated serving engine (with :mod:`.dispatch`, the only modules that import simpy).
 
 One SimPy process runs the engine's step loop::
 
@@ -33,6 +33,11 @@ Rules, each tested:
   advanced over many iterations in one timeout, cut at the next arrival, cancellation or
   timer (:mod:`batchsim.engine.stretch`); so are chunked prefill's chunks of one prompt.
   ``fast_forward=False`` runs them one at a time (same results).
+- **Replicas.** With a :class:`~batchsim.engine.dispatch.ReplicaLink`, the engine is one
+  replica of a cluster: its arrivals are the requests a router sends it, it shares the
+  cluster's SimPy environment, and the link orders its passes among the cluster's events of
+  the same instant and logs its stretches when they end (a routed request may cut one).
+  Without it (one engine on its own) nothing of this runs.
 - **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
   every call: an exception it raises, an iteration that schedules a request that is not
   running, more tokens than a request has, a count below 1 or tokens without KV blocks, a
@@ -47,26 +52,26 @@ from __future__ import annotations
 import heapq
 import math
 import numbers
-import os
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 
-import batchsim
 from batchsim.cost import RooflineCostModel
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
-from batchsim.errors import BatchsimError, PolicyError
+from batchsim.errors import BatchsimError, PolicyError, describe_exception
 from batchsim.metrics.logs import IterationLog, RequestLog
 from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 from batchsim.scheduler.registry import POLICIES
 from batchsim.workload import RequestTable
+
+if TYPE_CHECKING:
+    from batchsim.engine.dispatch import ReplicaLink
 
 MAX_STEPS_WITHOUT_TOKEN = 1_000_000
 """Iterations in a row that sample no token before a policy is deemed stuck."""
@@ -248,24 +253,37 @@ class Engine:
         self,
         scheduler: Scheduler,
         cost_model: RooflineCostModel,
-        table: RequestTable,
+        table: RequestTable | None,
         options: EngineOptions,
         on_step: Callable[[Engine], None] | None = None,
+        *,
+        link: ReplicaLink | None = None,
     ):
         self.scheduler = scheduler
         self.cost_model = cost_model
         self.options = options
-        self.source = ArrivalSource(table)
+        self.link = link
+        """A replica's tie to its cluster (:mod:`batchsim.engine.dispatch`): its arrivals
+        come from the router and it shares the cluster's SimPy environment; None for one
+        engine on its own."""
         self.request_log = RequestLog()
         """Requests that left (finished, rejected, cancelled), one row each."""
         self.num_arrived = 0
         self.iterations = IterationLog()
         self._cancels: list[tuple[float, int, Request]] = []
         self._last_end = -math.inf
-        self.env = simpy.Environment()
         policy = type(scheduler)
         self.fast_forward = options.fast_forward and stretches_allowed(policy)
         self.stretch = StretchRunner(self)
+        self.source: ArrivalSource | ReplicaLink
+        if link is None:
+            assert table is not None, "an engine on its own needs the workload"
+            self.source = ArrivalSource(table)
+            self.env = simpy.Environment()
+        else:
+            self.source = link  # the requests the router sends
+            self.env = link.env
+            self.stretch.log = link.attach(self)  # a stretch is logged when it ends
         self.policy_name = f"{policy.__module__}:{policy.__qualname__}"
         self.slot_log = SlotLog() if options.record_slots else None
         self.guarded = policy not in POLICIES.values()
@@ -274,8 +292,18 @@ class Engine:
 
     def run(self) -> None:
         """Simulate until every request has finished, been rejected or been cancelled."""
-        self.env.process(self._step_loop())
+        self.start()
         self.env.run()
+
+    def start(self) -> None:
+        """Start the step loop as a process of :attr:`env` (a cluster runs many at once)."""
+        self.env.process(self._step_loop())
+
+    def check_done(self) -> None:
+        """After the run: no request may be left waiting or running (a replica of a cluster
+        can only be judged stuck when nothing else can happen anywhere)."""
+        if self.scheduler.has_unfinished_requests():
+            self._stuck()
 
     # ----------------------------------------------------------------- timing helpers
     def cpu_time(self, num_seqs: int) -> float:
@@ -375,9 +403,14 @@ class Engine:
         # env.now) may round an ulp away from t: a request would then wait 1e-16 s on one
         # path and not at all on another.
         now = env.now
+        link = self.link
+        if link is not None:
+            now = yield link.pass_at(now)
         while True:
             if on_step is not None:
                 on_step(self)
+            if link is not None:
+                link.begin_pass(now)
             self._deliver_due(now)
             ended = source.exhausted()
             if ended != scheduler.end_of_input:
@@ -389,7 +422,7 @@ class Engine:
                 output = scheduler.schedule_iteration(now)
             if output.is_empty:
                 wake = self._next_event_time(now)
-                if wake == math.inf:
+                if wake == math.inf and link is None:
                     if scheduler.has_unfinished_requests():
                         self._stuck()
                     return
@@ -400,8 +433,13 @@ class Engine:
                         f"woke the engine {MAX_IDLE_WAKEUPS:,} times in a row on its timer "
                         "without scheduling anything"
                     )
-                yield env.timeout(max(0.0, wake - env.now))
-                now = wake
+                if link is None:
+                    yield env.timeout(max(0.0, wake - env.now))
+                    now = wake
+                else:  # a replica also wakes when a request is routed to it
+                    now = yield link.idle(wake)
+                    if now < wake:
+                        idle_wakeups = 0
                 continue
             idle_wakeups = 0
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
@@ -415,7 +453,10 @@ class Engine:
                 self.slot_log.record(
                     output, scheduler.running, times.first_iteration, times.num_steps
                 )
-            yield env.timeout(max(0.0, times.end - env.now))
+            if link is None:
+                yield env.timeout(max(0.0, times.end - env.now))
+            else:  # a request routed here during a stretch cuts it short
+                times = yield from link.busy(times)
             now = self._last_end = times.end
             if guarded:
                 finished = self._call(
@@ -431,6 +472,10 @@ class Engine:
                 )
             for request in finished:
                 self._left(request, times.end)
+            if link is not None:  # the router's turn first at this instant
+                turn = link.next_pass(now)
+                if turn is not None:
+                    now = yield turn
 
     def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
         cost = self.cost_model.step_cost(output.shape)
@@ -457,7 +502,7 @@ class Engine:
         except BatchsimError:
             raise
         except Exception as exc:
-            raise self._broke(f"{what}() raised {_describe(exc)}") from None
+            raise self._broke(f"{what}() raised {describe_exception(exc)}") from None
 
     def _broke(self, rule: str) -> PolicyError:
         if not self.guarded:  # a built-in policy: a bug in batchsim
@@ -515,15 +560,3 @@ class Engine:
                     f"schedule() scheduled {total} tokens of request {rid} without the KV "
                     f"blocks to hold them (it holds {request.num_blocks}; allocate() first)"
                 )
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message (at file:line)``, pointing at the innermost frame outside batchsim."""
-    package = os.path.dirname(batchsim.__file__)
-    where = ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if not frame.filename.startswith(package):
-            where = f" (at {frame.filename}:{frame.lineno})"
-            break
-    message = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {message}{where}" if message else f"{type(exc).__name__}{where}"

@@ -32,13 +32,12 @@ longer. This module is the one home of that shortcut:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
 from batchsim.cost.costs import StepCost
-from batchsim.metrics.logs import IterationLog
 from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
@@ -142,13 +141,26 @@ def prompt_chunk_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
     return max(1, scheduler.prompt_chunk_repeat(output))
 
 
+class IterationSink(Protocol):
+    """Where a stretch's iterations go: the engine's :class:`IterationLog`, or, for a
+    replica of a cluster, a plan logged when the stretch ends
+    (:class:`~batchsim.engine.dispatch.StretchPlan`)."""
+
+    @property
+    def num_rows(self) -> int: ...
+
+    def add_runs(self, runs: list[tuple], kv_cache_usage: Any) -> None: ...
+
+    def extend(self, values: tuple, n: int, kv_cache_usage: Any) -> None: ...
+
+
 class StretchRunner:
     """Prices and logs decode stretches for an :class:`~batchsim.engine.engine.Engine`."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.cost_model: RooflineCostModel = engine.cost_model
-        self.log: IterationLog = engine.iterations
+        self.log: IterationSink = engine.iterations
         slopes = self.cost_model.decode_token_slopes
         self._slopes = (
             slopes.flops,
@@ -213,7 +225,7 @@ class StretchRunner:
                 steps = same
             cut = start + duration * steps >= event
             if cut:
-                steps = _steps_until(start, duration, event, steps)
+                steps = steps_until(start, duration, event, steps)
             runs.append(run_row(start, steps, duration, cost, batch, deltas))
             start = start + duration * steps
             done += steps
@@ -440,9 +452,9 @@ def run_row(
     )
 
 
-def _steps_until(start: float, duration: float, event: float, most: int) -> int:
+def steps_until(start: float, duration: float, event: float, most: int) -> int:
     """The first step j in 1..most whose end ``start + duration x j`` is at or after
-    ``event`` (the caller knows step ``most`` is)."""
+    ``event`` (the caller knows step ``most`` is): where a run of iterations is cut."""
     if duration <= 0:
         return most
     j = min(most, max(1, math.ceil((event - start) / duration)))

@@ -13,7 +13,7 @@ This module imports no simpy and no scheduler policy.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -322,9 +322,31 @@ class IterationLog:
     iterations are summarized and written in bounded memory.
     """
 
-    def __init__(self) -> None:
-        self._runs = ChunkedColumns({**RUN_COLUMNS, **BATCH_COLUMNS})
+    def __init__(self, *, with_replica: bool = False) -> None:
+        extra = {"replica": "i4"} if with_replica else {}
+        self._runs = ChunkedColumns({**RUN_COLUMNS, **BATCH_COLUMNS, **extra})
         self._usage = ChunkedColumns({"kv_cache_usage": "f4"})
+
+    @classmethod
+    def concatenate(cls, logs: Sequence[IterationLog]) -> IterationLog:
+        """The iterations of several engines (the replicas of a cluster) as one log: each
+        log's in turn, numbered on from the previous one's, with a ``replica`` column (the
+        log's position in ``logs``). A replica's iteration k is iteration ``k + offset`` of
+        the result, its offset being the iterations of the logs before it."""
+        out = cls(with_replica=True)
+        for index, log in enumerate(logs):
+            runs = log._runs
+            if runs.num_rows:
+                columns = tuple(runs.column(key) for key in runs.dtypes)
+                out._runs.extend((*columns, index), runs.num_rows)
+            if log.num_rows:
+                out._usage.extend((log._usage.column("kv_cache_usage"),), log.num_rows)
+        return out
+
+    @property
+    def has_replica(self) -> bool:
+        """The log holds a cluster's iterations (a ``replica`` column)."""
+        return "replica" in self._runs.dtypes
 
     @property
     def num_rows(self) -> int:
@@ -429,15 +451,25 @@ class IterationLog:
         first = np.cumsum(steps, dtype=np.int64) - steps
         return RunTable(first, steps, runs.column("start_time_s"), runs.column("duration_s"))
 
-    def totals(self, lo: float = -math.inf, hi: float = math.inf) -> dict[str, float]:
+    def totals(
+        self, lo: float = -math.inf, hi: float = math.inf, *, kv_usage: bool = False
+    ) -> dict[str, float]:
         """Sums over the iterations that start in [lo, hi), for the summary.
 
         Keys: ``num_counted`` (iterations inside), the sums of :data:`_SUMMED` and
-        ``num_compute_bound`` over them, ``max_kv_cache_usage`` (0 if none), and
-        ``busy_s``: the time inside [lo, hi] covered by any iteration (an iteration that
-        straddles a bound counts its part inside).
+        ``num_compute_bound`` over them, ``max_kv_cache_usage`` (0 if none), ``busy_s``:
+        the time inside [lo, hi] covered by any iteration (an iteration that straddles a
+        bound counts its part inside), and with ``kv_usage`` ``kv_usage_s``: KV usage times
+        that time, summed (0 without).
         """
-        keys = ("num_counted", *_SUMMED, "num_compute_bound", "max_kv_cache_usage", "busy_s")
+        keys = (
+            "num_counted",
+            *_SUMMED,
+            "num_compute_bound",
+            "max_kv_cache_usage",
+            "busy_s",
+            "kv_usage_s",
+        )
         out = dict.fromkeys(keys, 0.0)
         for window in self._windows():
             start, end = window.get("start_time_s"), window.get("end_time_s")
@@ -454,6 +486,9 @@ class IterationLog:
                 out["max_kv_cache_usage"] = max(out["max_kv_cache_usage"], float(usage.max()))
             covered = np.minimum(end, hi) - np.maximum(start, lo)
             out["busy_s"] += float(covered[covered > 0].sum())
+            if kv_usage:
+                np.maximum(covered, 0.0, out=covered)
+                out["kv_usage_s"] += float(np.dot(covered, window.usage))
         return out
 
 
@@ -548,6 +583,8 @@ class _Window:
         data["compute_bound"] = self.get("compute_bound")
         data["bound"] = Labels(data["compute_bound"].astype(np.int8), ("memory", "compute"))
         data["kv_cache_usage"] = self.usage
+        if "replica" in self.runs.dtypes:
+            data["replica"] = self.expand("replica")
         return data
 
 
@@ -611,9 +648,11 @@ class RequestLog:
 
     _STATUS_NAMES = np.array([s.name.lower() for s in RequestStatus], dtype=object)
 
-    def __init__(self) -> None:
+    def __init__(self, *, with_replica: bool = False) -> None:
+        extra = {"replica": "i4"} if with_replica else {}
         self._rows = ChunkedColumns(
             {
+                **extra,
                 "request_id": "i8",
                 "arrival_time_s": "f8",
                 "first_scheduled_time_s": "f8",
@@ -639,6 +678,35 @@ class RequestLog:
     @property
     def num_rows(self) -> int:
         return self._rows.num_rows
+
+    @classmethod
+    def concatenate(
+        cls, logs: Sequence[RequestLog], iteration_offsets: Sequence[int]
+    ) -> RequestLog:
+        """The requests of several engines (the replicas of a cluster) as one log, with a
+        ``replica`` column (the log's position in ``logs``); each log's token runs move by
+        its offset in the concatenated iteration log (:meth:`IterationLog.concatenate`)."""
+        out = cls(with_replica=True)
+        firsts, lasts = [], []
+        for index, (log, offset) in enumerate(zip(logs, iteration_offsets, strict=True)):
+            rows = log._rows
+            if rows.num_rows:
+                columns = tuple(rows.column(key) for key in rows.dtypes)
+                out._rows.extend((index, *columns), rows.num_rows)
+            log._flush_segments()
+            assert log._firsts is not None and log._lasts is not None, "token runs handed over"
+            n = log._num_segments
+            firsts.append(log._firsts[:n].astype(np.int64) + offset)
+            lasts.append(log._lasts[:n].astype(np.int64) + offset)
+            out._reasons.update(log._reasons)
+        first = np.concatenate(firsts) if firsts else np.empty(0, np.int64)
+        last = np.concatenate(lasts) if lasts else np.empty(0, np.int64)
+        top = int(last.max()) if len(last) else 0
+        assert top < 2**32, "runs of more than 2^32 iterations are not supported"
+        dtype = np.int32 if top < 2**31 else np.int64
+        out._firsts, out._lasts = first.astype(dtype), last.astype(dtype)
+        out._num_segments = len(first)
+        return out
 
     def add(self, r: Request) -> None:
         """Record ``r``, which has reached a final status."""
@@ -716,7 +784,7 @@ class RequestLog:
         reasons = np.full(len(ids), "", dtype=object)
         if self._reasons:
             reasons[:] = [self._reasons.get(int(i), "") for i in ids]
-        return {
+        out: Columns = {
             "request_id": ids,
             "arrival_time_s": arrival,
             "first_scheduled_time_s": scheduled,
@@ -734,6 +802,9 @@ class RequestLog:
             "status": status,
             "reject_reason": reasons,
         }
+        if "replica" in rows.dtypes:
+            out["replica"] = col("replica").astype(np.int64)
+        return out
 
     def token_runs(self, counted: np.ndarray, *, hand_over: bool = False) -> TokenRuns:
         """The token runs of the requests selected by ``counted`` (a boolean mask over

@@ -93,6 +93,7 @@ def summarize(
     cooldown_s: float = 0.0,
     request_rate: float = math.nan,
     hand_over: bool = False,
+    num_replicas: int = 1,
 ) -> dict[str, Any]:
     """The summary dict of a run (``summary.json`` without ``wall_time_s`` and ``config``).
 
@@ -115,20 +116,16 @@ def summarize(
         request_rate: The workload's configured arrival rate (req/s), reported as is.
         hand_over: Take the request log's token runs instead of copying them (less memory;
             the log cannot give them again, see :meth:`RequestLog.token_runs`).
+        num_replicas: Engines whose iterations the log holds (a cluster's replicas):
+            ``busy_fraction`` is their mean.
     """
     if requests is None:
         requests = request_log.to_columns()
-    arrivals = requests["arrival_time_s"]
-    counted = np.ones(len(arrivals), dtype=bool)
-    if (warmup_s > 0 or cooldown_s > 0) and arrivals.size:
-        lo, hi = arrivals.min() + warmup_s, arrivals.max() - cooldown_s
-        counted = (arrivals >= lo) & (arrivals <= hi)
+    counted, t0, t1 = summary_window(requests, warmup_s, cooldown_s)
     req = _rows(requests, counted, ("arrival_time_s", "status", "queue_delay_ms"))
     finished = req["status"] == "finished"
     done = _rows(requests, _where(counted, finished), _DONE_COLUMNS)
     completed = len(done["status"])
-    t0 = float(req["arrival_time_s"].min()) if len(finished) else 0.0
-    t1 = float(done["finish_time_s"].max()) if completed else t0
     duration = t1 - t0
     total_in = int(done["prompt_tokens"].sum())
     total_out = int(done["output_tokens"].sum())
@@ -203,10 +200,30 @@ def summarize(
             "max_kv_cache_usage": it["max_kv_cache_usage"],
             "cpu_overhead_fraction": it["cpu_time_ms"] / it["duration_ms"] if num_iter else 0.0,
             # covered time cannot exceed the span; a sum of many iterations can by rounding
-            "busy_fraction": min(1.0, it["busy_s"] / duration) if duration > 0 else 0.0,
+            "busy_fraction": min(1.0, it["busy_s"] / (duration * num_replicas))
+            if duration > 0
+            else 0.0,
         }
     )
     return out
+
+
+def summary_window(
+    requests: Columns, warmup_s: float = 0.0, cooldown_s: float = 0.0
+) -> tuple[np.ndarray, float, float]:
+    """The summary's window: (the counted requests, as a mask over ``requests``' rows; the
+    first counted arrival; the last counted finish, or the first arrival if none finished).
+    See :func:`summarize`."""
+    arrivals = requests["arrival_time_s"]
+    counted = np.ones(len(arrivals), dtype=bool)
+    if (warmup_s > 0 or cooldown_s > 0) and arrivals.size:
+        lo, hi = arrivals.min() + warmup_s, arrivals.max() - cooldown_s
+        counted = (arrivals >= lo) & (arrivals <= hi)
+    arrived = arrivals if counted.all() else arrivals[counted]
+    t0 = float(arrived.min()) if len(arrived) else 0.0
+    finished = counted & (requests["status"] == "finished")
+    t1 = float(requests["finish_time_s"][finished].max()) if finished.any() else t0
+    return counted, t0, t1
 
 
 def queue_delay_growth(arrival_s: np.ndarray, queue_delay_ms: np.ndarray) -> float:

@@ -184,6 +184,11 @@ class Run:
         return self._table("iterations")
 
     @functools.cached_property
+    def replicas(self) -> pd.DataFrame:
+        """``replicas.csv`` (or ``replicas.parquet``) of a cluster run: one row per replica."""
+        return self._table("replicas", keep_default_na=False, na_values=["", "nan"])
+
+    @functools.cached_property
     def slots(self) -> pd.DataFrame:
         """``slots.csv`` (or ``slots.parquet``; runs with ``metrics.record_slots: true``)."""
         if not self.has_table("slots"):

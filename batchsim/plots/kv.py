@@ -5,6 +5,9 @@ Top panel: KV-cache usage (the fraction of GPU KV blocks in use, ``iterations.cs
 curve at each iteration that preempted requests (``num_preempted`` > 0; the count is written
 beside the marker when it is more than one and there are few such markers).
 
+A cluster run (``cluster:``) draws the mean usage of its replicas and the sum of their
+batches.
+
 Bottom panel: requests over time —
 
 * *in the batch* (shaded): ``num_seqs`` of the iteration running at that time, 0 while the
@@ -33,7 +36,7 @@ from matplotlib.ticker import MaxNLocator
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study
-from batchsim.plots.style import OKABE_ITO, describe_run, finish, new_figure
+from batchsim.plots.style import OKABE_ITO, finish, new_figure, run_title
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,17 +113,33 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         2, 1, sharex=True, figsize=(9.0, 6.0), gridspec_kw={"height_ratios": [1, 1.2]}
     )
     usage = iterations["kv_cache_usage"].to_numpy(dtype=float)
-    x, y = _window(start_s, usage, t0, t1, before=0.0)
-    bins.step(top, x, y, color=USAGE_COLOR, label="KV-cache usage", linewidth=1.2)
+    seqs = iterations["num_seqs"].to_numpy(dtype=float)
+    replicas = _replica_rows(iterations)
+    if replicas is None:
+        x, y = _window(start_s, usage, t0, t1, before=0.0)
+        usage_label = "KV-cache usage"
+        busy = _busy_steps(start_s[inside], end_s[inside], seqs[inside])
+    else:  # a cluster: the replicas' mean usage, and their batches added up
+        mean = _sum_steps([(start_s[rows], usage[rows] / len(replicas)) for rows in replicas])
+        x, y = _window(*mean, t0, t1, before=0.0)
+        usage_label = f"KV-cache usage (mean of {len(replicas)} replicas)"
+        busy = _sum_steps(
+            [
+                _busy_steps(start_s[r], end_s[r], seqs[r])
+                for r in (rows[inside[rows]] for rows in replicas)
+                if r.size
+            ]
+        )
+    bins.step(top, x, y, color=USAGE_COLOR, label=usage_label, linewidth=1.2)
     top.axhline(1.0, color="0.5", linewidth=0.8, linestyle="--")
     _draw_preemptions(top, iterations["num_preempted"].to_numpy(dtype=np.int64), start_s, t0, t1)
     top.set_ylabel("KV-cache usage\n(fraction of blocks)")
     top.set_ylim(0.0, 1.12)
     finish(top, **_ABOVE)
 
-    seqs = iterations["num_seqs"].to_numpy(dtype=float)
-    x, y = _window(*_busy_steps(start_s[inside], end_s[inside], seqs[inside]), t0, t1)
-    bins.step(bottom, x, y, fill=True, color=RUNNING_COLOR, label="in the batch (num_seqs)")
+    x, y = _window(*busy, t0, t1)
+    label = "in the batch (num_seqs)" if replicas is None else "in the batches (num_seqs, summed)"
+    bins.step(bottom, x, y, fill=True, color=RUNNING_COLOR, label=label)
     x, y = step_counts(*admitted_intervals(requests), t0, t1)
     bins.step(bottom, x, y, color=ADMITTED_COLOR, label="admitted, not finished", linewidth=1.4)
     x, y = step_counts(*waiting_intervals(requests), t0, t1)
@@ -135,7 +154,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
 
     note = run.iterations_note()  # a sampled table: usage and batch drawn between its rows
     fig.suptitle(
-        f"KV cache and queue: {describe_run(run.config)}"
+        run_title("KV cache and queue", run.config)
         + (f"\n{note}; KV usage and batch size drawn from it" if note else "")
     )
     return fig
@@ -192,6 +211,28 @@ def _busy_steps(
     idle = pos[gap] + 1
     x[idle], y[idle] = end_s[gap], 0.0
     return x, y
+
+
+def _replica_rows(iterations: pd.DataFrame) -> list[np.ndarray] | None:
+    """The rows of each replica of a cluster run's iterations (in time order each), or None
+    for a run of one engine."""
+    if "replica" not in iterations:
+        return None
+    replica = iterations["replica"].to_numpy()
+    return [np.flatnonzero(replica == r) for r in np.unique(replica)]
+
+
+def _sum_steps(series: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of step functions (each ``y[i]`` from ``x[i]``, 0 before ``x[0]``, ``x``
+    sorted), as one step function."""
+    if not series:
+        return np.zeros(1), np.zeros(1)
+    x = np.concatenate([s[0] for s in series])
+    change = np.concatenate([np.diff(s[1], prepend=0.0) for s in series])
+    order = np.argsort(x, kind="stable")
+    x, level = x[order], np.cumsum(change[order])
+    last = np.r_[x[1:] != x[:-1], True]  # the level after every change at an instant
+    return x[last], level[last]
 
 
 def _window(

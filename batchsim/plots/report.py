@@ -108,6 +108,10 @@ def render(source: Run | Study) -> str:
     if isinstance(source, Run):
         title, header = _run_header(source)
         page.add("summary", "Summary", _summary(source.summary))
+        if source.has_table("replicas"):  # a cluster run
+            intro = "One row per replica of the cluster, over the summary's counting window."
+            replicas = _data_table(source.replicas, "table-replicas", "replicas.csv", intro)
+            page.add("replicas", "Replicas", replicas)
         _add_figures(page, source)
         config_text, config_note = _run_config(source)
     else:

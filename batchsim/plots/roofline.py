@@ -21,19 +21,25 @@ GEMMs and streaming reads at, peak x ``efficiency.compute`` and bandwidth x
 (a 1/N shard of the weights and heads, its all-reduce traffic not counted in ``bytes``), and
 ``gpu_time_ms`` is the time of that GPU. So the points and the roofs are both per GPU, and the
 roofs are not multiplied by N; the figure says "per GPU" when N > 1.
+
+**Clusters.** The iterations of every replica share one figure when the replicas share
+their GPU, dtype and tensor parallelism; when groups of replicas differ
+(``cluster.replicas: [...]``), only the first group's replicas are drawn, under their own
+roofs, and the figure says which.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study
-from batchsim.plots.style import PHASE_COLORS, describe_run, finish, new_figure
+from batchsim.plots.style import PHASE_COLORS, finish, new_figure, run_title
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,7 +96,10 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     absent = [c for c in COLUMNS if c not in iterations.columns]
     if absent:
         raise ConfigError(f"{run.table_path('iterations')}: no column {absent[0]!r}")
-    hardware, dtype = _hardware(run)
+    gpu = _gpu(run)
+    if gpu.replicas is not None:
+        iterations = iterations[np.isin(iterations["replica"].to_numpy(), gpu.replicas)]
+    hardware, dtype = _hardware(run, gpu.hardware, gpu.dtype)
     roofs = Roofs.of(hardware, dtype)
 
     phase = composition(iterations)
@@ -130,19 +139,19 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     top = roofs.peak / TFLOPS
     ax.set_ylim(min(float(y_all.min()), roofs.bandwidth * lo / TFLOPS) / 2, top * 2.5)
     ax.set_xlabel("arithmetic intensity (FLOP/B)")
-    per_gpu = " per GPU" if _tp(run.config) > 1 else ""
+    per_gpu = " per GPU" if gpu.tp > 1 else ""
     ax.set_ylabel(f"achieved TFLOP/s{per_gpu} (FLOPs / GPU time)")
-    notes = [f"{roofs.dtype} peaks of {hardware.name}"]
+    notes = [f"{roofs.dtype} peaks of {hardware.name}", *gpu.notes]
     sampled = run.iterations_note()
     if sampled:
         notes.append(sampled)
     if total > chosen.size:
         notes.append(f"a sample of {chosen.size:,} of {total:,} iterations drawn")
     if per_gpu:
-        notes.append(f"tensor parallel x{_tp(run.config)}: FLOPs, bytes, time and roofs of one GPU")
+        notes.append(f"tensor parallel x{gpu.tp}: FLOPs, bytes, time and roofs of one GPU")
     ax.set_title("; ".join(notes), fontsize="small", color="0.3")
     finish(ax, loc="upper left", markerscale=2)
-    fig.suptitle(f"Roofline: {describe_run(run.config)}")
+    fig.suptitle(run_title("Roofline", run.config))
     return fig
 
 
@@ -224,11 +233,52 @@ def _tp(config: dict[str, Any]) -> int:
     return int(tp) if isinstance(tp, int) and not isinstance(tp, bool) else 1
 
 
-def _hardware(run: Run) -> tuple[HardwareProfile, str]:
+@dataclass(frozen=True)
+class _Gpu:
+    """The GPU whose roofs the figure draws, and the replicas drawn under them."""
+
+    hardware: Any
+    dtype: str
+    tp: int
+    replicas: list[int] | None = None
+    """The replicas drawn (None: every iteration of the run)."""
+    notes: tuple[str, ...] = ()
+
+
+def _gpu(run: Run) -> _Gpu:
+    """The run's GPU; for a cluster whose groups of replicas differ, the first group's."""
+    config = run.config
+    hardware = config.get("hardware")
+    dtype = str((config.get("engine") or {}).get("dtype") or "bf16")
+    tp = _tp(config)
+    cluster = config.get("cluster")
+    groups = cluster.get("replicas") if isinstance(cluster, dict) else None
+    if not isinstance(groups, list) or not groups:
+        return _Gpu(hardware, dtype, tp)
+    kinds = []
+    for group in groups:
+        group = group if isinstance(group, dict) else {}
+        engine = group.get("engine") or {}
+        kinds.append(
+            (
+                group.get("hardware") or hardware,
+                str(engine.get("dtype") or dtype),
+                _tp({"parallel": group.get("parallel") or config.get("parallel")}),
+                int(group.get("count") or 0),
+            )
+        )
+    if len({kind[:3] for kind in kinds}) == 1:
+        return _Gpu(*kinds[0][:3])
+    first_hardware, first_dtype, first_tp, count = kinds[0]
+    name = Path(str(first_hardware)).stem
+    last = f"-{count - 1}" if count > 1 else ""
+    note = f"replicas 0{last} ({count} x {name}) of {sum(k[3] for k in kinds)}"
+    return _Gpu(first_hardware, first_dtype, first_tp, list(range(count)), (note,))
+
+
+def _hardware(run: Run, name: Any, dtype: str) -> tuple[HardwareProfile, str]:
     from batchsim.catalog.hardware import load_hardware
 
-    name = run.config.get("hardware")
-    dtype = str((run.config.get("engine") or {}).get("dtype") or "bf16")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{run.path}: the run's config names no hardware profile")
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,8 +116,34 @@ def describe_run(config: Mapping[str, Any]) -> str:
     hardware = Path(str(config.get("hardware", "?"))).stem
     tp = (config.get("parallel") or {}).get("tensor_parallel_size", 1)
     where = f"{model} on {hardware}" + (f" x{tp}" if tp and tp > 1 else "")
+    cluster = config.get("cluster")
+    if isinstance(cluster, Mapping):  # many replicas behind a router
+        where = f"{model} on {describe_replicas(cluster, hardware)}, {cluster.get('router', '?')}"
     policy = (config.get("scheduler") or {}).get("policy", "?")
     return ", ".join(p for p in (where, str(policy), describe_load(config)) if p)
+
+
+def run_title(prefix: str, config: Mapping[str, Any]) -> str:
+    """``prefix: <describe_run>``, or on two lines when that is too long for one (a
+    cluster's description often is)."""
+    described = describe_run(config)
+    if len(prefix) + len(described) < 90:
+        return f"{prefix}: {described}"
+    return prefix + "\n" + textwrap.fill(described, 70, break_long_words=False)
+
+
+def describe_replicas(cluster: Mapping[str, Any], hardware: str) -> str:
+    """``8 x a100-80gb`` (replicas of the experiment's GPU) or ``2 x h100-sxm + 4 x
+    a100-80gb``."""
+    replicas = cluster.get("replicas")
+    if not isinstance(replicas, list):
+        return f"{replicas} x {hardware}"
+    parts = []
+    for group in replicas:
+        if isinstance(group, Mapping):
+            name = Path(str(group.get("hardware") or hardware)).stem
+            parts.append(f"{group.get('count', '?')} x {name}")
+    return " + ".join(parts)
 
 
 def describe_load(config: Mapping[str, Any]) -> str:

@@ -7,6 +7,7 @@ import inspect
 import os
 import sys
 from types import ModuleType
+from typing import TypeVar, cast
 
 from batchsim.errors import ConfigError
 from batchsim.scheduler.chunked_prefill import ChunkedPrefillScheduler
@@ -40,18 +41,43 @@ def _import_from_cwd_too(module_name: str) -> ModuleType:
 
 def load_policy(name: str, key: str = "scheduler.policy") -> type[Scheduler]:
     """Return the scheduler class for a built-in name or ``package.module:Class``."""
-    if name in POLICIES:
-        return POLICIES[name]
+    policy: type[Scheduler] = load_class(
+        name, POLICIES, Scheduler, key, "policy", "batchsim.scheduler.Scheduler"
+    )
+    return policy
+
+
+T = TypeVar("T")
+
+
+def load_class(
+    name: str, builtins: dict[str, type[T]], base: type, key: str, kind: str, base_name: str
+) -> type[T]:
+    """A built-in class by name, or ``package.module:Class`` imported (as ``python -m``
+    would: from the working directory too) and checked to be a concrete ``base`` subclass.
+
+    Args:
+        name: The configured value.
+        builtins: Built-in names -> classes.
+        base: The class it must derive from.
+        key: The config key, for error messages (``scheduler.policy``).
+        kind: What it is, for error messages (``policy``).
+        base_name: ``base`` as users import it, for error messages.
+
+    Raises:
+        ConfigError: Naming the key and the allowed values.
+    """
+    if name in builtins:
+        return builtins[name]
+    allowed = " | ".join(builtins)
     if ":" not in name:
-        allowed = " | ".join(POLICIES)
         raise ConfigError(
-            f"{key}: unknown policy {name!r}; allowed: {allowed} | package.module:Class"
+            f"{key}: unknown {kind} {name!r}; allowed: {allowed} | package.module:Class"
         )
     module_name, _, class_name = name.partition(":")
     if not (_dotted(module_name) and _dotted(class_name)):
-        allowed = " | ".join(POLICIES)
         raise ConfigError(
-            f"{key}: {name!r} is not a built-in policy or package.module:Class "
+            f"{key}: {name!r} is not a built-in {kind} or package.module:Class "
             f"(dotted Python names on both sides of one ':'); built-in: {allowed}"
         )
     try:
@@ -68,14 +94,14 @@ def load_policy(name: str, key: str = "scheduler.policy") -> type[Scheduler]:
     cls: object = module
     for part in class_name.split("."):
         cls = getattr(cls, part, None)
-    if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
+    if not (isinstance(cls, type) and issubclass(cls, base)):
         if cls is None:
             raise ConfigError(f"{key}: module {module_name!r} has no attribute {class_name!r}")
-        raise ConfigError(f"{key}: {name!r} is not a batchsim.scheduler.Scheduler subclass")
+        raise ConfigError(f"{key}: {name!r} is not a {base_name} subclass")
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
         raise ConfigError(f"{key}: {name!r} is abstract (it does not implement {missing})")
-    return cls
+    return cast("type[T]", cls)
 
 
 def _dotted(text: str) -> bool:

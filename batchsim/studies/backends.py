@@ -27,13 +27,15 @@ CSV_FILES = (
     "requests.csv",
     "iterations.csv",
     "slots.csv",
+    "replicas.csv",
     "requests.parquet",
     "iterations.parquet",
     "slots.parquet",
+    "replicas.parquet",
 )
 """The per-request and per-iteration tables a worker may write into its point's folder, in the
 point's ``output.format`` (slots only for runs that record their slots, iterations unless
-``output.iterations: none``)."""
+``output.iterations: none``, replicas for a cluster)."""
 
 
 def run_point(task: dict[str, Any]) -> dict[str, Any]:

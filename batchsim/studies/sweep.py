@@ -72,8 +72,10 @@ KEY_METRICS = (
     "p99_itl_ms",
     "mean_batch_size",
     "busy_fraction",
+    "prefix_cache_hit_rate",
 )
-"""The metrics printed in the table on the terminal (the files have all of them)."""
+"""The metrics printed in the table on the terminal (the files have all of them); those a
+run does not report (``prefix_cache_hit_rate`` without prefix caching) are left out."""
 
 
 class SweepBlock(ConfigModel):

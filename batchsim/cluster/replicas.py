@@ -1,0 +1,142 @@
+"""Build a cluster's replica engines, run them behind the router, merge their records.
+
+Each replica is a whole engine (:class:`~batchsim.engine.engine.Engine`): its own policy, KV
+cache and CPU overhead, and the cost model of its group (replicas of one group share it: it
+is a pure function with caches). All of them run on the dispatcher's one SimPy environment
+(:class:`~batchsim.engine.dispatch.Dispatcher`). Afterwards their logs become the cluster's:
+the iterations of replica 0, then replica 1..., numbered on across the cluster, and every
+request with the replica that served it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from batchsim.cluster.config import group_experiments
+from batchsim.cluster.router import make_router
+from batchsim.engine.dispatch import Dispatcher
+from batchsim.engine.engine import Engine
+from batchsim.errors import ConfigError
+from batchsim.metrics.logs import IterationLog, RequestLog
+from batchsim.metrics.replicas import ReplicaRecord
+from batchsim.scheduler.registry import load_policy
+from batchsim.simulation import Setup, build, engine_parts, unused_key_notes
+from batchsim.workload import RequestTable
+
+if TYPE_CHECKING:
+    from batchsim.config import ExperimentConfig
+    from batchsim.progress import RunProgress
+
+
+@dataclass
+class ClusterRun:
+    """What a cluster's simulation left: the merged logs and each replica's record."""
+
+    request_log: RequestLog
+    """Every request, with its ``replica``."""
+    iterations: IterationLog
+    """Every replica's iterations, replica after replica, with a ``replica`` column."""
+    replicas: list[ReplicaRecord]
+    capacity_tokens: int
+    """KV-cache capacity of the whole cluster (tokens)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def run_cluster(
+    config: ExperimentConfig, table: RequestTable, progress: RunProgress | None = None
+) -> ClusterRun:
+    """Simulate ``config`` (with a ``cluster:`` block) on the requests of ``table``."""
+    cluster = config.cluster
+    assert cluster is not None, "not a cluster"
+    replicas: list[tuple[ExperimentConfig, Setup]] = []
+    notes: list[str] = []
+    for count, experiment, setup in build_groups(config):
+        policy = load_policy(experiment.scheduler.policy)
+        notes += [n for n in unused_key_notes(experiment, policy) if n not in notes]
+        replicas += [(experiment, setup)] * count
+    dispatcher = Dispatcher(
+        table, make_router(cluster, config.seed), cluster.router_overhead_ms / 1e3
+    )
+    links = dispatcher.add_replicas(
+        [(setup.hardware.name, e.parallel.tensor_parallel_size) for e, setup in replicas]
+    )
+    on_step = None if progress is None else _ClusterProgress(progress, dispatcher)
+    engines = []
+    capacity = 0
+    for link, (experiment, setup) in zip(links, replicas):
+        kv, scheduler, options = engine_parts(
+            experiment, setup, load_policy(experiment.scheduler.policy)
+        )
+        capacity += kv.capacity_tokens
+        engines.append(Engine(scheduler, setup.cost_model, None, options, on_step, link=link))
+    if on_step is not None:
+        on_step.engines = engines
+    dispatcher.run(engines)
+    for engine in engines:
+        engine.check_done()
+        assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
+    offsets, total = [], 0
+    for engine in engines:
+        offsets.append(total)
+        total += engine.iterations.num_rows
+    records = [
+        ReplicaRecord(
+            setup.hardware.name,
+            experiment.parallel.tensor_parallel_size,
+            engine.scheduler.kv_cache.num_blocks,
+            engine.iterations,
+        )
+        for engine, (experiment, setup) in zip(engines, replicas)
+    ]
+    request_log = RequestLog.concatenate([e.request_log for e in engines], offsets)
+    iterations = IterationLog.concatenate([e.iterations for e in engines])
+    return ClusterRun(request_log, iterations, records, capacity, notes)
+
+
+def build_groups(config: ExperimentConfig) -> list[tuple[int, ExperimentConfig, Setup]]:
+    """Each group of replicas of ``config``: (count, the experiment of one of its replicas,
+    what :func:`~batchsim.simulation.build` makes of it).
+
+    Raises:
+        ConfigError: A group's hardware or settings cannot be built; the message names the
+            group (``cluster.replicas[1]: ...``).
+    """
+    assert config.cluster is not None, "not a cluster"
+    out = []
+    for i, (count, experiment) in enumerate(group_experiments(config)):
+        try:
+            setup = build(experiment)
+        except ConfigError as exc:
+            if isinstance(config.cluster.replicas, int):
+                raise
+            raise ConfigError(f"cluster.replicas[{i}]: {exc.message}") from None
+        out.append((count, experiment, setup))
+    return out
+
+
+class _ClusterProgress:
+    """The engine's ``on_step`` for a progress line about the whole cluster: it shows the
+    progress object an engine-like view of the sum of the replicas."""
+
+    def __init__(self, progress: RunProgress, dispatcher: Dispatcher):
+        self.progress = progress
+        self.engines: Sequence[Engine] = ()
+        self.request_log = _Sum(self, "request_log")
+        self.iterations = _Sum(self, "iterations")
+        self.source = dispatcher.source
+        self.env = dispatcher.env
+
+    def __call__(self, engine: Any) -> None:
+        self.progress(self)  # type: ignore[arg-type]
+
+
+class _Sum:
+    def __init__(self, owner: _ClusterProgress, attribute: str):
+        self.owner = owner
+        self.attribute = attribute
+
+    @property
+    def num_rows(self) -> int:
+        return sum(getattr(e, self.attribute).num_rows for e in self.owner.engines)
