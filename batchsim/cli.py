@@ -1,4 +1,5 @@
-"""The ``batchsim`` command line: run, validate, roofline, list.
+"""The ``batchsim`` command line: run, sweep, capacity, plot, report, validate, roofline,
+calibrate, list.
 
 Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error, 130/143
 when interrupted by SIGINT/SIGTERM.
@@ -19,7 +20,17 @@ from typing import Any
 
 from batchsim.errors import ConfigError
 
-COMMANDS = ("run", "sweep", "capacity", "plot", "report", "validate", "roofline", "list")
+COMMANDS = (
+    "run",
+    "sweep",
+    "capacity",
+    "plot",
+    "report",
+    "validate",
+    "roofline",
+    "calibrate",
+    "list",
+)
 LIST_KINDS = ("hardware", "models", "policies", "workloads")
 
 
@@ -127,6 +138,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             progress.close()  # the notes on a line of their own
         for note in result.notes:
             print(f"note: {note}", file=sys.stderr)
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if progress is not None:
             progress.stage(f"writing {out_dir}")
         result.write(out_dir)
@@ -683,6 +696,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     roofline.add_arguments(p)
     p.set_defaults(func=roofline.run)
+
+    from batchsim.calibration import command as calibrate
+
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a hardware profile's terms to your own measurements",
+        description=calibrate.DESCRIPTION,
+        epilog=calibrate.EPILOG,
+    )
+    calibrate.add_arguments(p)
+    p.set_defaults(func=calibrate.run)
 
     p = sub.add_parser(
         "list",

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from batchsim.catalog.hardware import HardwareProfile, load_hardware
 from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
 from batchsim.config import (
@@ -94,6 +96,8 @@ class Result:
         summary: ``summary.json`` as a dict (vLLM benchmark names plus batchsim's own).
         config: The resolved experiment.
         notes: Things the user should know (e.g. keys the chosen policy ignores).
+        warnings: Things that make the results less trustworthy (e.g. shapes outside the
+            hardware profile's ``calibrated_range``), one line each.
         request_columns: ``requests.csv`` as numpy columns.
         iteration_log: The per-iteration log; :attr:`iteration_columns` expands it.
     """
@@ -106,6 +110,7 @@ class Result:
     slot_columns: Columns | None = None
     """``slots.csv`` as numpy columns, when the run recorded its batch slots
     (``metrics.record_slots``)."""
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -367,9 +372,14 @@ class Setup:
     """Seconds to copy one KV block of one GPU over the host link."""
 
 
-def build(config: ExperimentConfig) -> Setup:
-    """Load catalogs and size the KV cache; raises ConfigError on anything inconsistent."""
-    hardware = load_hardware(config.hardware)
+def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> Setup:
+    """Load catalogs and size the KV cache; raises ConfigError on anything inconsistent.
+
+    ``hardware`` replaces the profile ``config.hardware`` names (``batchsim calibrate``
+    simulates candidate profiles that exist only in memory).
+    """
+    if hardware is None:
+        hardware = load_hardware(config.hardware)
     model = load_model(config.model)
     tp = config.parallel.tensor_parallel_size
     engine = config.engine
@@ -404,7 +414,10 @@ def build(config: ExperimentConfig) -> Setup:
 
 
 def simulate(
-    config: ExperimentConfig, base_dir: Path | None = None, progress: RunProgress | None = None
+    config: ExperimentConfig,
+    base_dir: Path | None = None,
+    progress: RunProgress | None = None,
+    hardware: HardwareProfile | None = None,
 ) -> Result:
     """Run one validated experiment and return its :class:`Result`.
 
@@ -412,9 +425,10 @@ def simulate(
         config: The experiment.
         base_dir: The directory relative workload files are relative to.
         progress: A progress line to keep up to date (``batchsim run`` on a terminal).
+        hardware: Use this profile instead of loading ``config.hardware``.
     """
     wall_start = time.perf_counter()
-    setup = build(config)
+    setup = build(config, hardware)
     table = generate(config.workload, config.seed, base_dir)
     engine_cfg = config.engine
     hardware = setup.hardware
@@ -477,7 +491,42 @@ def simulate(
     ]
     del request_log  # its token runs: only the summary needs them
     slots = slot_log.to_columns() if slot_log is not None else None
-    return Result(summary, config, requests, iterations, notes, slot_columns=slots)
+    warnings: list[str] = []
+    if hardware.calibrated_range is not None:
+        warnings = range_warnings(setup, iterations, requests)
+    return Result(
+        summary, config, requests, iterations, notes, slot_columns=slots, warnings=warnings
+    )
+
+
+def range_warnings(setup: Setup, iterations: IterationLog, requests: Columns) -> list[str]:
+    """The hardware profile's ``calibrated_range`` against the run's extremes (model, TP,
+    fewest and most tokens and requests of an iteration, longest request), one line each.
+    Read from the per-run batch columns: no pass over the iterations."""
+    calibrated = setup.hardware.calibrated_range
+    assert calibrated is not None
+    tokens = batch = None
+    if iterations.num_rows:
+        total = (
+            iterations.batch_column("num_prefill_tokens").astype(np.int64)
+            + iterations.batch_column("num_decode_tokens")
+            + iterations.batch_column("num_padding_tokens")
+        )
+        seqs = iterations.batch_column("num_seqs")
+        tokens = (int(total.min()), int(total.max()))
+        batch = (int(seqs.min()), int(seqs.max()))
+    context = None
+    if len(requests["prompt_tokens"]):
+        context = int((requests["prompt_tokens"] + requests["output_tokens"]).max())
+    lines = calibrated.outside(
+        model=setup.model.name,
+        hidden_size=setup.model.hidden_size,
+        tensor_parallel_size=setup.config.parallel.tensor_parallel_size,
+        tokens=tokens,
+        batch_size=batch,
+        context_tokens=context,
+    )
+    return [f"hardware {setup.hardware.name}: {line}" for line in lines]
 
 
 def run(

@@ -1,0 +1,1 @@
+"""``batchsim calibrate``: fit a hardware profile's terms to a user's own measurements."""
