@@ -164,7 +164,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from batchsim.config import load_experiment, parse_override, unused_scheduler_keys
     from batchsim.scheduler.registry import load_policy
     from batchsim.simulation import build
-    from batchsim.workload import generate
+    from batchsim.workload import generate, trace_notes
 
     overrides = dict(parse_override(item) for item in args.set)
     config = load_experiment(args.experiment, overrides)
@@ -180,6 +180,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     # Everything `run` checks before simulating: draw the workload too (cheap), so a trace or a
     # distribution that `run` would reject is rejected here with the same message.
     generate(config.workload, config.seed, Path(args.experiment).parent)
+    for note in trace_notes(config.workload, Path(args.experiment).parent):
+        print(f"note: {note}", file=sys.stderr)
     for key in unused_scheduler_keys(config, policy.config_keys):
         print(
             f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",

@@ -52,7 +52,7 @@ from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import _jsonable, write_csv, write_parquet
 from batchsim.scheduler.registry import load_policy
-from batchsim.workload import generate
+from batchsim.workload import generate, trace_notes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -489,6 +489,7 @@ def simulate(
         f"scheduler.{key} is not used by policy {config.scheduler.policy}"
         for key in unused_scheduler_keys(config, policy_cls.config_keys)
     ]
+    notes += trace_notes(workload, base_dir)
     del request_log  # its token runs: only the summary needs them
     slots = slot_log.to_columns() if slot_log is not None else None
     warnings: list[str] = []
