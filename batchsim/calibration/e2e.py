@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, ValidationError
 
-from batchsim.calibration.fit import assign_folds, coordinate_search, round_sig
+from batchsim.calibration.fit import assign_folds, round_sig
 from batchsim.calibration.predict import with_terms, yaml_value
 from batchsim.catalog.hardware import HardwareProfile
 from batchsim.catalog.model import load_model
@@ -70,8 +70,8 @@ MEMORY_SIDE = ("memory", "elementwise", "attention_sm_bandwidth")
 COMPUTE_SIDE = ("compute", "attention")
 _FRACTIONS = {"memory", "elementwise", "compute", "attention"}
 _BOUNDS = {
-    "cpu_overhead.base_ms": (0.0, 100.0),
-    "cpu_overhead.per_seq_ms": (0.0, 10.0),
+    "cpu_overhead.base_ms": (0.001, 100.0),
+    "cpu_overhead.per_seq_ms": (0.0001, 10.0),
 }
 SERVING_METRICS = ("mean_ttft_ms", "mean_tpot_ms")
 """The serving results compared (TTFT: prefill and queueing; TPOT: the decode step)."""
@@ -291,16 +291,20 @@ def read_points(paths: Sequence[str], defaults: Mapping[str, Any]) -> list[E2EPo
 # ------------------------------------------------------------------------------ simulation
 
 
-def profile_values(base: HardwareProfile, scales: Mapping[str, float]) -> dict[str, float]:
+def profile_values(
+    base: HardwareProfile, scales: Mapping[str, float], rounded: bool = True
+) -> dict[str, float]:
     """The profile terms (YAML units) of the fitted quantities ``scales``
-    (:data:`E2E_TERMS`)."""
+    (:data:`E2E_TERMS`), to 4 significant digits unless not ``rounded``."""
     values: dict[str, float] = {}
     for key in MEMORY_SIDE:
-        values[key] = round_sig(yaml_value(base, key) * scales.get("memory_scale", 1.0))
+        values[key] = yaml_value(base, key) * scales.get("memory_scale", 1.0)
     for key in COMPUTE_SIDE:
-        values[key] = round_sig(yaml_value(base, key) * scales.get("compute_scale", 1.0))
+        values[key] = yaml_value(base, key) * scales.get("compute_scale", 1.0)
     for key in ("cpu_overhead.base_ms", "cpu_overhead.per_seq_ms"):
-        values[key] = round_sig(scales.get(key, yaml_value(base, key)))
+        values[key] = scales.get(key, yaml_value(base, key))
+    if rounded:
+        values = {k: round_sig(v) for k, v in values.items()}
     return values
 
 
@@ -386,23 +390,55 @@ def _fit(
     base: HardwareProfile,
     which: Sequence[int],
 ) -> dict[str, float]:
+    """Least squares of log(simulated / measured) over the points ``which``, in the log of
+    each fitted quantity (Nelder-Mead from ``base``: deterministic)."""
+    from scipy.optimize import minimize
+
     observations = sum(len(points[i].measured) for i in which)
     terms = E2E_TERMS[: min(len(E2E_TERMS), observations)]
     bounds = _scale_bounds(base)
     start = {
         "memory_scale": 1.0,
         "compute_scale": 1.0,
-        "cpu_overhead.base_ms": yaml_value(base, "cpu_overhead.base_ms"),
-        "cpu_overhead.per_seq_ms": yaml_value(base, "cpu_overhead.per_seq_ms"),
+        "cpu_overhead.base_ms": max(yaml_value(base, "cpu_overhead.base_ms"), 0.1),
+        "cpu_overhead.per_seq_ms": max(yaml_value(base, "cpu_overhead.per_seq_ms"), 0.01),
     }
-    start = {k: start[k] for k in terms}
+    x0 = np.zeros(len(terms))
+    lower = np.array([math.log(max(bounds[k][0], 1e-3) / start[k]) for k in terms])
+    upper = np.array([math.log(bounds[k][1] / start[k]) for k in terms])
+    x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
 
-    def score(scales: dict[str, float]) -> float:
-        hw = with_terms(base, profile_values(base, scales))
-        return float(np.mean(_errors(points, sim.run(hw, which))))
+    def scales_of(x: np.ndarray) -> dict[str, float]:
+        return {k: start[k] * math.exp(float(v)) for k, v in zip(terms, x, strict=True)}
 
-    found, _ = coordinate_search(score, start, terms, passes=4, bounds=bounds)
-    return found
+    def residuals(x: np.ndarray) -> np.ndarray:
+        scales = scales_of(x)
+        hw = with_terms(base, profile_values(base, scales, rounded=False))
+        sims = sim.run(hw, which)
+        return np.array(
+            [
+                math.log(sims[i][metric] / value)
+                for i in which
+                for metric, value in points[i].measured.items()
+            ]
+        )
+
+    def score(x: np.ndarray) -> float:
+        if np.any(x < lower) or np.any(x > upper):
+            return math.inf
+        return float(np.sum(residuals(x) ** 2))
+
+    # Nelder-Mead: no derivatives (a serving run's mean TTFT moves in small steps as
+    # iterations and arrivals realign), first steps of 10 % in every quantity
+    simplex = np.vstack([x0, x0 + 0.1 * np.eye(len(terms))])
+    options = {
+        "initial_simplex": simplex,
+        "xatol": 2e-3,
+        "fatol": 1e-7,
+        "maxfev": 60 * len(terms),
+    }
+    fit = minimize(score, x0, method="Nelder-Mead", options=options)
+    return {k: round_sig(v) for k, v in scales_of(fit.x).items()}
 
 
 def fit_e2e(

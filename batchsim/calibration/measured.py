@@ -193,7 +193,8 @@ def _ops_of(frame: pd.DataFrame, shown: str) -> set[str]:
                 + ", ".join(KNOWN_OPS),
                 shown,
             )
-        ops.add(op)
+        if match.group(2) == "median":  # the statistic compared; the others are not read
+            ops.add(op)
     return ops
 
 
