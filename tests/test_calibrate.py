@@ -685,6 +685,15 @@ def test_e2e_calibration_matches_results_simulated_on_another_gpu(
             [],
             "r.yaml: batch: unknown key",
         ),
+        (
+            {
+                "r.json": {"avg_latency": 1.0},
+                "r.yaml": "model: llama-2-7b\nbatch_size: 1\ninput_len: 9\noutput_len: 9\n"
+                "set: {scheduler.max_num_seqz: 4}\n",
+            },
+            [],
+            "r.json: simulated experiment: scheduler.max_num_seqz: unknown key",
+        ),
     ],
 )
 def test_bad_end_to_end_inputs_exit_2(

@@ -285,7 +285,27 @@ def read_points(paths: Sequence[str], defaults: Mapping[str, Any]) -> list[E2EPo
                 "--save-result)",
                 str(path),
             )
+        _check_experiment(points[-1])
     return points
+
+
+def _check_experiment(point: E2EPoint) -> None:
+    """Validate the experiment a point simulates (its ``set:`` keys included) now, before
+    any fitting; per-request lengths stand in as their means."""
+    from batchsim.config import load_experiment
+
+    experiment = dict(point.experiment)
+    if point.lengths is not None:
+        prompt, output = (max(1, round(sum(v) / len(v))) for v in point.lengths)
+        experiment["workload"] = {
+            **experiment["workload"],
+            "prompt_tokens": {"dist": "fixed", "value": prompt},
+            "output_tokens": {"dist": "fixed", "value": output},
+        }
+    try:
+        load_experiment(experiment, point.overrides, origin="set")
+    except ConfigError as exc:
+        raise ConfigError(f"{point.file}: simulated experiment: {exc.message}") from None
 
 
 # ------------------------------------------------------------------------------ simulation

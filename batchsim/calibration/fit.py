@@ -56,6 +56,7 @@ __all__ = [
     "CalibrationResult",
     "FitData",
     "GroupError",
+    "all_reduce_fit",
     "assign_folds",
     "calibrate_ops",
     "coordinate_search",
@@ -375,24 +376,37 @@ def _fit_cpu(data: FitData, values: dict[str, float], rows: np.ndarray, fit: Fit
     fit.families["cpu_overhead"] = len(cpu)
 
 
+def all_reduce_fit(table: pd.DataFrame) -> tuple[float, float] | None:
+    """(Latency s, achieved bus bandwidth B/s) of ``t = latency + 2 (n-1)/n x bytes /
+    bandwidth`` over the all-reduce points (least squares of the relative error), or None when
+    the time does not grow with the message size."""
+    x = np.asarray(
+        ring_all_reduce_link_bytes(table["bytes"].to_numpy(), table["num_workers"].to_numpy())
+    )
+    t = table["measured_s"].to_numpy()
+    w = 1.0 / t  # least squares on the relative error
+    a = np.vstack([np.ones(len(x)), x]).T * w[:, None]
+    (latency, inv_bw), *_ = np.linalg.lstsq(a, t * w, rcond=None)
+    if inv_bw <= 0:
+        return None
+    return float(latency), float(1.0 / inv_bw)
+
+
 def _fit_all_reduce(
     data: FitData, base: HardwareProfile, values: dict[str, float], rows: np.ndarray, fit: Fit
 ) -> None:
     ar = data.meas.all_reduce[rows]
     if ar["bytes"].nunique() < 2:
         return
-    x = np.asarray(ring_all_reduce_link_bytes(ar["bytes"].to_numpy(), ar["num_workers"].to_numpy()))
-    t = ar["measured_s"].to_numpy()
-    w = 1.0 / t  # least squares on the relative error
-    a = np.vstack([np.ones(len(x)), x]).T * w[:, None]
-    (latency, inv_bw), *_ = np.linalg.lstsq(a, t * w, rcond=None)
-    if inv_bw <= 0:
+    found = all_reduce_fit(ar)
+    if found is None:
         fit.notes.append("all-reduce time does not grow with the message size: not fitted")
         return
-    eff = 1.0 / inv_bw / base.interconnect_bandwidth
+    latency, bandwidth = found
+    eff = bandwidth / base.interconnect_bandwidth
     if eff > 1.0:
         fit.notes.append(
-            f"all-reduce bus bandwidth {1 / inv_bw / 1e9:.0f} GB/s exceeds the profile's "
+            f"all-reduce bus bandwidth {bandwidth / 1e9:.0f} GB/s exceeds the profile's "
             f"interconnect_bandwidth_gb_s {base.interconnect_bandwidth / 1e9:g}: "
             "interconnect set to 1 (check the datasheet value)"
         )
@@ -400,8 +414,8 @@ def _fit_all_reduce(
     if latency < 0:
         fit.notes.append(f"all-reduce latency fitted negative ({latency * 1e6:.1f} us): set to 0")
         latency = 0.0
-    values["interconnect"] = round_sig(float(eff))
-    values["interconnect_latency_us"] = round_sig(float(latency) * 1e6)
+    values["interconnect"] = round_sig(eff)
+    values["interconnect_latency_us"] = round_sig(latency * 1e6)
     fit.families["all_reduce"] = len(ar)
 
 

@@ -153,9 +153,9 @@ def _csv_files(paths: Sequence[str]) -> list[Path]:
     for text in paths:
         path = Path(text)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix == ".csv" and p.is_file())
+            found = sorted(p for p in path.rglob("*.csv") if p.is_file())
             if not found:
-                raise ConfigError(f"--ops: no .csv file in directory {text}")
+                raise ConfigError(f"--ops: no .csv file in or below directory {text}")
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -486,7 +486,8 @@ def read_measurements(paths: Sequence[str], models: Sequence[str] | None = None)
     """Read per-operator timings (files, or directories of ``*.csv`` files).
 
     Args:
-        paths: CSV files or directories (their ``*.csv`` files, sorted by name).
+        paths: CSV files or directories (every ``*.csv`` file below them, sorted by path: the
+            ``profiling_outputs/`` folder of Vidur's profiler works as it is).
         models: Model names (built-in, YAML or config.json) the layer-op and attention files
             measured; None: found among the built-in models by shape.
 
