@@ -519,13 +519,17 @@ def assign_folds(units: Sequence[tuple], k: int, seed: int = FOLD_SEED) -> np.nd
     return np.asarray([fold_of[u] for u in units], dtype=np.int64)
 
 
-def _units(table: pd.DataFrame, config: Sequence[str], point: Sequence[str], k: int) -> list[tuple]:
-    """Whole configurations (``config`` columns) when there are at least ``k`` of them, else
-    single points."""
+def _units(
+    table: pd.DataFrame, config: Sequence[str], point: Sequence[str], k: int
+) -> tuple[list[tuple], str]:
+    """The fold unit of each point and what a unit is: its whole configuration (``config``
+    columns) when there are at least ``k`` configurations, else the point itself."""
     if not len(table):
-        return []
-    cols = list(config) if table[list(config)].drop_duplicates().shape[0] >= k else list(point)
-    return [tuple(row) for row in table[cols].itertuples(index=False, name=None)]
+        return [], "point"
+    by_config = config != point and table[list(config)].drop_duplicates().shape[0] >= k
+    cols = list(config) if by_config else list(point)
+    units = [tuple(row) for row in table[cols].itertuples(index=False, name=None)]
+    return units, "configuration" if by_config else "point"
 
 
 @dataclass(frozen=True)
@@ -610,17 +614,14 @@ def calibrate_ops(
             ("model", "tp"),
             ("model", "tp", "kind", "batch_size", "chunk", "kv_cache_size"),
         ),
-        "cpu": (("model", "tp", "batch_size"), ("model", "tp", "batch_size")),
-        "all_reduce": (("num_workers", "bytes"), ("num_workers", "bytes")),
+        "cpu": (("model", "tp", "batch_size"),) * 2,  # always single points
+        "all_reduce": (("num_workers", "bytes"),) * 2,
     }
     fold_of: dict[str, np.ndarray] = {}
     unit_kind: dict[str, str] = {}
     for name, (config, point) in keys.items():
-        table = getattr(meas, name)
-        units = _units(table, config, point, folds)
+        units, unit_kind[name] = _units(getattr(meas, name), config, point, folds)
         fold_of[name] = assign_folds(units, folds) if units else np.zeros(0, np.int64)
-        n_config = table[list(config)].drop_duplicates().shape[0] if len(table) else 0
-        unit_kind[name] = "configuration" if n_config >= folds and config != point else "point"
     held: dict[str, np.ndarray] = {g: np.full(len(v[0]), np.nan) for g, v in fit_pred.items()}
     position = {g: {int(i): j for j, i in enumerate(v[2].tolist())} for g, v in fit_pred.items()}
     if folds >= 2:

@@ -130,23 +130,6 @@ class Measurements:
     files: list[MeasuredFile] = field(default_factory=list)
     models: dict[str, ModelSpec] = field(default_factory=dict)
 
-    def subset(self, keep: dict[str, np.ndarray]) -> Measurements:
-        """The points whose mask in ``keep`` (by table name) is true; other tables whole."""
-
-        def pick(name: str) -> pd.DataFrame:
-            table: pd.DataFrame = getattr(self, name)
-            mask = keep.get(name)
-            return table if mask is None else table[mask].reset_index(drop=True)
-
-        return Measurements(
-            pick("layer_ops"),
-            pick("attention"),
-            pick("cpu"),
-            pick("all_reduce"),
-            self.files,
-            self.models,
-        )
-
 
 def _csv_files(paths: Sequence[str]) -> list[Path]:
     files: list[Path] = []
