@@ -1,4 +1,5 @@
-"""The ``batchsim`` command line: run, validate, roofline, list.
+"""The ``batchsim`` command line: run, sweep, capacity, plot, report, validate, roofline,
+calibrate, list.
 
 Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error, 130/143
 when interrupted by SIGINT/SIGTERM.
@@ -19,7 +20,17 @@ from typing import Any
 
 from batchsim.errors import ConfigError
 
-COMMANDS = ("run", "sweep", "capacity", "plot", "report", "validate", "roofline", "list")
+COMMANDS = (
+    "run",
+    "sweep",
+    "capacity",
+    "plot",
+    "report",
+    "validate",
+    "roofline",
+    "calibrate",
+    "list",
+)
 LIST_KINDS = ("hardware", "models", "policies", "workloads")
 
 
@@ -141,6 +152,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             progress.close()  # the notes on a line of their own
         for note in result.notes:
             print(f"note: {note}", file=sys.stderr)
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if progress is not None:
             progress.stage(f"writing {out_dir}")
         result.write(out_dir)
@@ -167,7 +180,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from batchsim.config import load_experiment, parse_override, unused_scheduler_keys
     from batchsim.scheduler.registry import load_policy
     from batchsim.simulation import build
-    from batchsim.workload import generate
+    from batchsim.workload import generate, trace_notes
 
     overrides = dict(parse_override(item) for item in args.set)
     config = load_experiment(args.experiment, overrides)
@@ -183,6 +196,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     # Everything `run` checks before simulating: draw the workload too (cheap), so a trace or a
     # distribution that `run` would reject is rejected here with the same message.
     generate(config.workload, config.seed, Path(args.experiment).parent)
+    for note in trace_notes(config.workload, Path(args.experiment).parent):
+        print(f"note: {note}", file=sys.stderr)
     for key in unused_scheduler_keys(config, policy.config_keys):
         print(
             f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",
@@ -715,6 +730,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     roofline.add_arguments(p)
     p.set_defaults(func=roofline.run)
+
+    from batchsim.calibration import command as calibrate
+
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a hardware profile's terms to your own measurements",
+        description=calibrate.DESCRIPTION,
+        epilog=calibrate.EPILOG,
+    )
+    calibrate.add_arguments(p)
+    p.set_defaults(func=calibrate.run)
 
     p = sub.add_parser(
         "list",

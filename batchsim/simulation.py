@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from batchsim.catalog.hardware import HardwareProfile, load_hardware
 from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
 from batchsim.config import (
@@ -53,7 +55,7 @@ from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import _jsonable, write_csv, write_parquet
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.registry import load_policy
-from batchsim.workload import generate
+from batchsim.workload import generate, trace_notes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,6 +104,8 @@ class Result:
         notes: Things the user should know (e.g. keys the chosen policy ignores).
         request_columns: ``requests.csv`` as numpy columns.
         iteration_log: The per-iteration log; :attr:`iteration_columns` expands it.
+        warnings: Things that make the results less trustworthy (e.g. shapes outside the
+            hardware profile's ``calibrated_range``), one line each.
     """
 
     summary: dict[str, Any]
@@ -114,6 +118,7 @@ class Result:
     (``metrics.record_slots``)."""
     replica_columns: Columns | None = None
     """``replicas.csv`` as numpy columns: one row per replica of a cluster (``cluster:``)."""
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -405,9 +410,14 @@ class Setup:
     """Seconds to copy one KV block of one GPU over the host link."""
 
 
-def build(config: ExperimentConfig) -> Setup:
-    """Load catalogs and size the KV cache; raises ConfigError on anything inconsistent."""
-    hardware = load_hardware(config.hardware)
+def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> Setup:
+    """Load catalogs and size the KV cache; raises ConfigError on anything inconsistent.
+
+    ``hardware`` replaces the profile ``config.hardware`` names (``batchsim calibrate``
+    simulates candidate profiles that exist only in memory).
+    """
+    if hardware is None:
+        hardware = load_hardware(config.hardware)
     model = load_model(config.model)
     tp = config.parallel.tensor_parallel_size
     engine = config.engine
@@ -478,7 +488,10 @@ def engine_parts(
 
 
 def simulate(
-    config: ExperimentConfig, base_dir: Path | None = None, progress: RunProgress | None = None
+    config: ExperimentConfig,
+    base_dir: Path | None = None,
+    progress: RunProgress | None = None,
+    hardware: HardwareProfile | None = None,
 ) -> Result:
     """Run one validated experiment and return its :class:`Result`.
 
@@ -486,11 +499,15 @@ def simulate(
         config: The experiment.
         base_dir: The directory relative workload files are relative to.
         progress: A progress line to keep up to date (``batchsim run`` on a terminal).
+        hardware: Use this profile instead of loading ``config.hardware`` (a single engine:
+            the replicas of a ``cluster:`` load their own).
     """
     wall_start = time.perf_counter()
     if config.cluster is not None:
+        if hardware is not None:
+            raise ConfigError("simulate(hardware=...) applies to one engine, not a cluster:")
         return _simulate_cluster(config, base_dir, progress, wall_start)
-    setup = build(config)
+    setup = build(config, hardware)
     table = generate(config.workload, config.seed, base_dir)
     policy_cls = load_policy(config.scheduler.policy)
     kv, scheduler, options = engine_parts(config, setup, policy_cls)
@@ -516,10 +533,45 @@ def simulate(
     summary["kv_cache_capacity_tokens"] = kv.capacity_tokens
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")  # as config.yaml: every key
-    notes = unused_key_notes(config, policy_cls)
+    notes = unused_key_notes(config, policy_cls) + trace_notes(config.workload, base_dir)
     del request_log  # its token runs: only the summary needs them
     slots = slot_log.to_columns() if slot_log is not None else None
-    return Result(summary, config, requests, iterations, notes, slot_columns=slots)
+    warnings: list[str] = []
+    if setup.hardware.calibrated_range is not None:
+        warnings = range_warnings(setup, iterations, requests)
+    return Result(
+        summary, config, requests, iterations, notes, slot_columns=slots, warnings=warnings
+    )
+
+
+def range_warnings(setup: Setup, iterations: IterationLog, requests: Columns) -> list[str]:
+    """The hardware profile's ``calibrated_range`` against the run's extremes (model, TP,
+    fewest and most tokens and requests of an iteration, longest request), one line each.
+    Read from the per-run batch columns: no pass over the iterations."""
+    calibrated = setup.hardware.calibrated_range
+    assert calibrated is not None
+    tokens = batch = None
+    if iterations.num_rows:
+        total = (
+            iterations.batch_column("num_prefill_tokens").astype(np.int64)
+            + iterations.batch_column("num_decode_tokens")
+            + iterations.batch_column("num_padding_tokens")
+        )
+        seqs = iterations.batch_column("num_seqs")
+        tokens = (int(total.min()), int(total.max()))
+        batch = (int(seqs.min()), int(seqs.max()))
+    context = None
+    if len(requests["prompt_tokens"]):
+        context = int((requests["prompt_tokens"] + requests["output_tokens"]).max())
+    lines = calibrated.outside(
+        model=setup.model.name,
+        hidden_size=setup.model.hidden_size,
+        tensor_parallel_size=setup.config.parallel.tensor_parallel_size,
+        tokens=tokens,
+        batch_size=batch,
+        context_tokens=context,
+    )
+    return [f"hardware {setup.hardware.name}: {line}" for line in lines]
 
 
 def _request_rate(config: ExperimentConfig) -> float:
@@ -570,7 +622,8 @@ def _simulate_cluster(
     replicas = replica_table(run.replicas, requests, metrics.warmup_s, metrics.cooldown_s)
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")
-    return Result(summary, config, requests, run.iterations, run.notes, replica_columns=replicas)
+    notes = run.notes + trace_notes(config.workload, base_dir)
+    return Result(summary, config, requests, run.iterations, notes, replica_columns=replicas)
 
 
 def run(

@@ -30,8 +30,14 @@ from batchsim.errors import ConfigError
 from batchsim.workload import columnar, files, generate, parse_workload, traces
 from batchsim.workload.traces import CsvColumns, TraceConfig, load_trace
 
-SAMPLES = ["azure_conv_sample.csv", "azure_code_sample.csv", "mooncake_synthetic_sample.jsonl"]
+SAMPLES = [
+    "azure_conv_sample.csv",
+    "azure_code_sample.csv",
+    "mooncake_synthetic_sample.jsonl",
+    "burstgpt_synthetic_sample.csv",
+]
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
 CSV_HEADER = "arrival_time,prompt_tokens,output_tokens"
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -53,6 +59,7 @@ def outcome(read: Callable[[], traces._Trace]) -> Outcome:
         None if t.hash_ids is None else list(t.hash_ids),
         None if t.prefix_group is None else t.prefix_group.tolist(),
         None if t.prefix_tokens is None else t.prefix_tokens.tolist(),
+        t.skipped,
     )
 
 
@@ -77,6 +84,8 @@ def columnar_reads(data: bytes, name: str) -> bool:
     if name.endswith(".jsonl"):
         return columnar.read_mooncake(data, name, None) is not None
     header = columnar.csv_header(data)
+    if header is not None and "Timestamp" in header.names:
+        return columnar.read_burstgpt(data, header, name, None) is not None
     return header is not None and columnar.read_azure(data, header, name, None) is not None
 
 
@@ -102,14 +111,35 @@ def reference(path: Path) -> Outcome:
             [r.get("hash_ids", []) for r in rows],
             None,
             None,
+            (),
         )
     header, *body = list(csv.reader(io.StringIO(text, newline="")))
+    if header == BURSTGPT_HEADER.split(","):  # rows with a 0 count are left out and counted
+        ts, req, resp = (
+            header.index(k) for k in ("Timestamp", "Request tokens", "Response tokens")
+        )
+        kept = [r for r in body if int(r[req]) > 0 and int(r[resp]) > 0]
+        t0 = float(kept[0][ts])
+        return (
+            "ok",
+            "burstgpt",
+            np.array([float(r[ts]) - t0 for r in kept], dtype=np.float64).tobytes(),
+            [int(r[req]) for r in kept],
+            [int(r[resp]) for r in kept],
+            None,
+            None,
+            None,
+            (
+                (traces.SKIPPED_FAILED, sum(int(r[resp]) == 0 for r in body)),
+                (traces.SKIPPED_NO_PROMPT, sum(int(r[req]) == 0 < int(r[resp]) for r in body)),
+            ),
+        )
     ts, ctx, gen = (header.index(k) for k in AZURE_HEADER.split(","))
     stamps = pd.to_datetime(pd.Series([r[ts] for r in body]), format="ISO8601")
     seconds = ((stamps - stamps.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
     prompt = [int(r[ctx]) for r in body]
     output = [int(r[gen]) for r in body]
-    return ("ok", "azure", seconds.tobytes(), prompt, output, None, None, None)
+    return ("ok", "azure", seconds.tobytes(), prompt, output, None, None, None, ())
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -296,6 +326,98 @@ def test_plainly_written_azure_files_are_read_by_the_columnar_reader(data: st.Da
     assert columnar_reads(body, "t.csv")
     fast, slow = read_both(body)
     assert fast == slow
+
+
+@st.composite
+def burstgpt_files(draw: st.DrawFn) -> bytes:
+    """BurstGPT-layout files: whole or fractional seconds (now and then an odd one), token
+    counts that are often 0 (failed requests, empty prompts) or odd."""
+    step = draw(st.sampled_from([0.0, 1.0, 7.5, 3600.0]))
+
+    def field(name: str, i: int) -> str:
+        if name == "Timestamp":
+            if draw(st.integers(0, 30)) == 0:
+                return draw(st.sampled_from(ODD_NUMBERS))
+            return draw(st.sampled_from(["{:.0f}", "{!r}", "{:.1f}"])).format(5 + i * step)
+        if name in ("Request tokens", "Response tokens"):
+            return "0" if draw(st.integers(0, 4)) == 0 else counts(draw)
+        return draw(st.sampled_from(["ChatGPT", "GPT-4", "Conversation log", "API log", "7"]))
+
+    return draw(csv_files(BURSTGPT_HEADER.split(","), field))
+
+
+@PROPERTY
+@given(
+    data=burstgpt_files(),
+    fmt=st.sampled_from([None, "burstgpt"]),
+    limit=st.sampled_from([None, 1, 3, 5]),
+)
+def test_any_burstgpt_file_reads_as_the_row_reader_reads_it(
+    data: bytes, fmt: str | None, limit: int | None
+) -> None:
+    fast, slow = read_both(data, "t.csv", fmt=fmt, limit=limit)
+    assert fast == slow
+
+
+@PROPERTY
+@given(st.data())
+def test_burstgpt_rows_with_a_zero_count_are_skipped_and_counted(data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 40))
+    rows = [BURSTGPT_HEADER]
+    kept: list[tuple[int, int, int]] = []
+    failed = no_prompt = 0
+    t = 0
+    for _ in range(n):
+        t += data.draw(st.integers(0, 100))
+        req = data.draw(st.integers(1, 5000) | st.just(0))
+        resp = data.draw(st.integers(1, 2000) | st.just(0))
+        rows.append(f"{t},ChatGPT,{req},{resp},{req + resp},Conversation log")
+        if resp == 0:
+            failed += 1
+        elif req == 0:
+            no_prompt += 1
+        else:
+            kept.append((t, req, resp))
+    body = ("\n".join(rows) + "\n").encode()
+    fast, slow = read_both(body)
+    assert fast == slow
+    if not kept:
+        assert fast[0] == "error" and "no request to replay" in fast[1]
+        return
+    assert columnar_reads(body, "t.csv")
+    assert fast[1] == "burstgpt"
+    assert np.frombuffer(fast[2]).tolist() == [float(k[0] - kept[0][0]) for k in kept]
+    assert fast[3] == [k[1] for k in kept] and fast[4] == [k[2] for k in kept]
+    assert fast[-1] == ((traces.SKIPPED_FAILED, failed), (traces.SKIPPED_NO_PROMPT, no_prompt))
+
+
+def test_burstgpt_limit_counts_requests_replayed_not_rows_read(tmp_path: Path) -> None:
+    rows = [BURSTGPT_HEADER]
+    rows += [f"{i},GPT-4,{10 + i},{0 if i % 2 else 5},{10 + i},API log" for i in range(10)]
+    rows.append("10,GPT-4,not a number,1,1,API log")  # after the 5th request: never read
+    (tmp_path / "b.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    cfg = TraceConfig(path="b.csv")
+    t = load_trace(cfg, tmp_path, limit=5)
+    assert t.prompt_tokens.tolist() == [10, 12, 14, 16, 18]  # the even rows: 5 response tokens
+    assert t.arrival_time is not None and t.arrival_time.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert dict(t.skipped) == {traces.SKIPPED_FAILED: 4, traces.SKIPPED_NO_PROMPT: 0}
+    with pytest.raises(ConfigError, match=r"b.csv:12: Request tokens"):
+        load_trace(cfg, tmp_path)
+
+
+def test_burstgpt_is_recognised_by_its_header_and_takes_no_csv_keys(tmp_path: Path) -> None:
+    text = f"Timestamp,Session ID,Elapsed time,{BURSTGPT_HEADER.split(',', 1)[1]}\n"
+    text += "3,,1.5,ChatGPT,20,5,25,API log\n9,,2.5,GPT-4,30,0,30,API log\n"
+    (tmp_path / "v3.csv").write_text(text, encoding="utf-8")  # BurstGPT_3's extra columns
+    t = load_trace(TraceConfig(path="v3.csv"), tmp_path)
+    assert (t.format, t.prompt_tokens.tolist(), t.output_tokens.tolist()) == ("burstgpt", [20], [5])
+    note = traces.skipped_note(t, "v3.csv")
+    assert note == (
+        "workload.trace: v3.csv: skipped 1 row with 0 response tokens (failed requests); "
+        "they are not replayed"
+    )
+    with pytest.raises(ConfigError, match="applies to format csv only, not burstgpt"):
+        parse_workload({"trace": {"path": "v3.csv", "format": "burstgpt", "time_unit": "ms"}})
 
 
 FLOATISH = st.text(alphabet="0123456789.eE+-_ xfinaINFA\t", max_size=10)
@@ -769,3 +891,26 @@ def test_hash_ids_index_slice_and_iterate_like_a_list_of_lists() -> None:
     assert list(ids.head(2)) == lists[:2]
     with pytest.raises(IndexError):
         ids[4]
+
+
+def test_run_replays_a_burstgpt_trace_and_notes_the_skipped_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from batchsim import cli
+
+    rows = [BURSTGPT_HEADER, "5,ChatGPT,40,3,43,API log", "6,GPT-4,30,0,30,API log"]
+    rows += ["8,ChatGPT,0,0,0,API log", "9,ChatGPT,50,4,54,Conversation log"]
+    (tmp_path / "b.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "exp.yaml").write_text(
+        "name: b\nhardware: a100-80gb\nmodel: llama-2-7b\nworkload: {trace: {path: b.csv}}\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "exp.yaml", "-o", "out"]) == 0
+    printed = capsys.readouterr()
+    assert "2 completed" in printed.out
+    assert len(printed.err.splitlines()) == 1
+    assert printed.err.startswith("note: workload.trace: ")
+    assert printed.err.strip().endswith(
+        "b.csv: skipped 2 rows with 0 response tokens (failed requests); they are not replayed"
+    )

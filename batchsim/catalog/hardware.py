@@ -31,6 +31,7 @@ from pydantic_core import ErrorDetails
 from batchsim.catalog import catalog_names, resolve
 from batchsim.errors import ConfigError
 from batchsim.validation import (
+    MAX_BATCH_TOKENS,
     MAX_GB,
     MAX_STEP_MS,
     StrictFloat,
@@ -44,6 +45,7 @@ __all__ = [
     "CPU_OVERHEAD_DEFAULTS",
     "DTYPES",
     "EFFICIENCY_KEYS",
+    "CalibratedRange",
     "EfficiencyKey",
     "HardwareProfile",
     "hardware_table",
@@ -280,8 +282,109 @@ _TOP_LEVEL_KEYS = (
     "num_compute_units",
     "efficiency",
     "cpu_overhead",
+    "calibrated_range",
     "sources",
 )
+
+
+@dataclass(frozen=True)
+class CalibratedRange:
+    """The shapes a profile's terms were fitted on: its ``calibrated_range:`` block, written by
+    ``batchsim calibrate``. A run outside it uses the fitted terms beyond the data (``batchsim
+    run`` warns). Each range is ``(lowest, highest)``, inclusive; None: not measured.
+
+    Attributes:
+        models: Names of the models whose kernels were measured.
+        hidden_size: Hidden sizes of those models.
+        tensor_parallel_size: The tensor-parallel degrees measured (not a range: the sharded
+            shapes of another degree were not).
+        tokens: Tokens (GEMM rows) per iteration of the per-layer operator measurements.
+        batch_size: Requests per iteration (decode attention batches, CPU overhead batches).
+        context_tokens: Cached tokens per request of the attention measurements.
+    """
+
+    models: tuple[str, ...] = ()
+    hidden_size: tuple[int, int] | None = None
+    tensor_parallel_size: tuple[int, ...] | None = None
+    tokens: tuple[int, int] | None = None
+    batch_size: tuple[int, int] | None = None
+    context_tokens: tuple[int, int] | None = None
+
+    def outside(
+        self,
+        *,
+        model: str,
+        hidden_size: int,
+        tensor_parallel_size: int,
+        tokens: tuple[int, int] | None,
+        batch_size: tuple[int, int] | None,
+        context_tokens: int | None,
+    ) -> list[str]:
+        """What of a run lies outside the range, one line each (empty: all inside).
+
+        Args:
+            model: The run's model name (named in the message).
+            hidden_size: Its hidden size.
+            tensor_parallel_size: The run's tensor-parallel degree.
+            tokens: Fewest and most tokens of an iteration (None: no iteration).
+            batch_size: Fewest and most requests of an iteration.
+            context_tokens: Longest context of a request (prompt + output tokens); only
+                contexts longer than the range are reported.
+        """
+        out = []
+
+        def beyond(key: str, what: str, unit: str, lo: int, hi: int) -> None:
+            span = getattr(self, key)
+            if span is None or (span[0] <= lo and hi <= span[1]):
+                return
+            seen = f"{lo:,}-{hi:,}" if lo != hi else f"{lo:,}"
+            out.append(
+                f"calibrated_range.{key}: the profile's terms were fitted on {what} of "
+                f"{span[0]:,}-{span[1]:,} {unit}; this run has {what} of {seen} {unit}: "
+                "their times are extrapolated"
+            )
+
+        if self.hidden_size is not None and not (
+            self.hidden_size[0] <= hidden_size <= self.hidden_size[1]
+        ):
+            out.append(
+                "calibrated_range.hidden_size: the profile's terms were fitted on models of "
+                f"hidden size {self.hidden_size[0]:,}-{self.hidden_size[1]:,} "
+                f"({', '.join(self.models)}); this run's model {model} has {hidden_size:,}: "
+                "its times are extrapolated"
+            )
+        tps = self.tensor_parallel_size
+        if tps is not None and tensor_parallel_size not in tps:
+            out.append(
+                "calibrated_range.tensor_parallel_size: the profile's terms were fitted at "
+                f"tensor-parallel degrees {', '.join(str(t) for t in tps)}; this run uses "
+                f"{tensor_parallel_size}: its sharded shapes were not measured"
+            )
+        if tokens is not None:
+            beyond("tokens", "iterations", "tokens", *tokens)
+        if batch_size is not None:
+            beyond("batch_size", "batches", "requests", *batch_size)
+        span = self.context_tokens
+        if context_tokens is not None and span is not None and context_tokens > span[1]:
+            out.append(
+                "calibrated_range.context_tokens: the profile's terms were fitted on contexts "
+                f"of {span[0]:,}-{span[1]:,} tokens per request; this run has contexts of up to "
+                f"{context_tokens:,} tokens: their attention times are extrapolated"
+            )
+        return out
+
+    def to_yaml(self) -> dict[str, Any]:
+        """The ``calibrated_range:`` block (measured entries only, lists for YAML)."""
+        out: dict[str, Any] = {}
+        if self.models:
+            out["models"] = list(self.models)
+        for key in ("hidden_size", "tensor_parallel_size", "tokens", "batch_size"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value)
+        if self.context_tokens is not None:
+            out["context_tokens"] = list(self.context_tokens)
+        return out
 
 
 @dataclass(frozen=True)
@@ -311,6 +414,8 @@ class HardwareProfile:
         efficiency: Every :data:`EFFICIENCY_KEYS` term by its ``si_name``, in SI units
             (fractions; seconds).
         sources: Key path -> source of the number.
+        calibrated_range: The shapes ``batchsim calibrate`` fitted the terms on, or None
+            (built-in profiles: see ``docs/calibration.md``).
     """
 
     name: str
@@ -331,6 +436,7 @@ class HardwareProfile:
     host_bandwidth: float | None = None
     efficiency: dict[str, float] = field(default_factory=dict, hash=False)
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    calibrated_range: CalibratedRange | None = field(default=None, compare=False, hash=False)
 
     def peak_flops_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``.
@@ -418,6 +524,22 @@ class _CpuOverhead(_Schema):
     per_seq_ms: _StepMs = CPU_OVERHEAD_DEFAULTS["per_seq_ms"]
 
 
+_Count = Annotated[StrictInt, Field(ge=0, le=MAX_BATCH_TOKENS)]
+_Range = Annotated[list[_Count], Field(min_length=2, max_length=2)]
+
+
+class _CalibratedRange(_Schema):
+    models: list[Annotated[str, Field(min_length=1)]] = []
+    hidden_size: _Range | None = None
+    tensor_parallel_size: list[Annotated[StrictInt, Field(ge=1, le=1_000_000)]] | None = None
+    tokens: _Range | None = None
+    batch_size: _Range | None = None
+    context_tokens: _Range | None = None
+
+
+_RANGE_KEYS = ("hidden_size", "tokens", "batch_size", "context_tokens")
+
+
 class _ProfileYaml(_Schema):
     name: Annotated[str, Field(min_length=1)]
     description: str = ""
@@ -429,6 +551,7 @@ class _ProfileYaml(_Schema):
     num_compute_units: Annotated[StrictInt, Field(ge=1, le=1_000_000)]
     efficiency: dict[str, Any] = {}
     cpu_overhead: _CpuOverhead = _CpuOverhead()
+    calibrated_range: _CalibratedRange | None = None
     sources: dict[str, str] = {}
 
 
@@ -436,6 +559,14 @@ _SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
     "": _TOP_LEVEL_KEYS,
     "peak_tflops": DTYPES,
     "cpu_overhead": tuple(CPU_OVERHEAD_DEFAULTS),
+    "calibrated_range": (
+        "models",
+        "hidden_size",
+        "tensor_parallel_size",
+        "tokens",
+        "batch_size",
+        "context_tokens",
+    ),
 }
 
 
@@ -529,6 +660,31 @@ def _parse(path: Path) -> HardwareProfile:
                 ("sources", key), f"sources.{key}: names no key of the profile; keys: {allowed}"
             )
 
+    calibrated = None
+    if doc.calibrated_range is not None:
+        block = doc.calibrated_range
+        for key in _RANGE_KEYS:
+            pair = getattr(block, key)
+            if pair is not None and pair[0] > pair[1]:
+                raise fail(
+                    ("calibrated_range", key),
+                    f"calibrated_range.{key} must be [lowest, highest], got {list(pair)}",
+                )
+        tps = block.tensor_parallel_size
+
+        def pair(key: str) -> tuple[int, int] | None:
+            value = getattr(block, key)
+            return (value[0], value[1]) if value is not None else None
+
+        calibrated = CalibratedRange(
+            models=tuple(block.models),
+            hidden_size=pair("hidden_size"),
+            tensor_parallel_size=tuple(sorted(set(tps))) if tps is not None else None,
+            tokens=pair("tokens"),
+            batch_size=pair("batch_size"),
+            context_tokens=pair("context_tokens"),
+        )
+
     attrs = {name: value for name, value in efficiency.items() if name in _PROFILE_FIELDS}
     return HardwareProfile(
         name=doc.name,
@@ -545,6 +701,7 @@ def _parse(path: Path) -> HardwareProfile:
         cpu_overhead_per_seq=doc.cpu_overhead.per_seq_ms / 1e3,
         efficiency=efficiency,
         sources=dict(doc.sources),
+        calibrated_range=calibrated,
         **attrs,
     )
 

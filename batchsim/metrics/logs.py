@@ -366,6 +366,12 @@ class IterationLog:
         num_steps = sum(r[1] for r in runs)
         self._usage.extend((kv_cache_usage,), num_steps)
 
+    def batch_column(self, key: str) -> np.ndarray:
+        """One value of a :data:`BATCH_COLUMNS` column per run (the same for each iteration
+        of the run): enough for its minimum and maximum without expanding the runs."""
+        assert key in BATCH_COLUMNS, f"{key} is not a batch column"
+        return self._runs.column(key)
+
     def extend(self, values: tuple, n: int, kv_cache_usage: np.ndarray | float) -> None:
         """``n`` single iterations; each value (column order as in :meth:`append`) is an
         array of length n or a scalar shared by all of them."""

@@ -2,9 +2,9 @@
 
 This package owns the ``workload:`` block of an experiment: the config models (arrival processes,
 token-length distributions, think/cancel-time distributions, trace files), the loaders of public
-traces (Azure LLM inference 2023/2024 CSV, Mooncake JSONL, generic CSV) and :func:`generate`,
-which turns a config and a seed into a :class:`RequestTable` of numpy arrays. It also lists the
-built-in ``workloads/`` catalog (:func:`workload_table`).
+traces (Azure LLM inference 2023/2024 CSV, Mooncake JSONL, BurstGPT CSV, generic CSV) and
+:func:`generate`, which turns a config and a seed into a :class:`RequestTable` of numpy arrays.
+It also lists the built-in ``workloads/`` catalog (:func:`workload_table`).
 
 Modules (every public name is re-exported here; import from ``batchsim.workload``):
 
@@ -77,7 +77,7 @@ from batchsim.workload.distributions import MAX_ZIPF_SUPPORT as MAX_ZIPF_SUPPORT
 from batchsim.workload.distributions import LengthDist as LengthDist
 from batchsim.workload.distributions import TimeDist as TimeDist
 from batchsim.workload.files import resolve_data_path
-from batchsim.workload.generation import RequestTable, generate
+from batchsim.workload.generation import RequestTable, generate, trace_notes
 from batchsim.workload.listing import workload_table
 from batchsim.workload.prefix import PrefixTable
 from batchsim.workload.structure import Conversation, SharedPrefix, ZipfPopularity
@@ -119,5 +119,6 @@ __all__ = [
     "load_workload",
     "parse_workload",
     "resolve_data_path",
+    "trace_notes",
     "workload_table",
 ]

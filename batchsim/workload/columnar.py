@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
+from batchsim.errors import ConfigError
 from batchsim.validation import MAX_SECONDS, MAX_TOKENS
 from batchsim.workload import files
 
@@ -195,6 +196,49 @@ def read_azure(
     if seconds is None or not _times_hold(seconds):
         return None
     return seconds, prompt, output
+
+
+def read_burstgpt(
+    data: bytes, header: CsvHeader, shown: str, limit: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
+    """(Seconds since the first kept row, prompt tokens, output tokens, rows with 0 response
+    tokens, rows with 0 request tokens but some response) of a BurstGPT trace: the rows up to
+    the ``limit``-th with both counts > 0 are read and checked, those with a 0 are left out."""
+    names = ("Timestamp", "Request tokens", "Response tokens")
+    if not all(name in header.names for name in names):
+        return None
+    i_ts, i_req, i_resp = (header.names.index(name) for name in names)
+    if len({i_ts, i_req, i_resp}) != 3:
+        return None
+    types = {i_ts: "time", i_req: "count", i_resp: "count"}
+    try:
+        table = _read_body(data, header, types, shown, None)
+    except ConfigError:
+        if limit is None:
+            raise
+        return None  # too many rows in all; the row reader may stop before them
+    if table is None:
+        return None
+    request = _token_counts(table.column(f"c{i_req}"), minimum=0)
+    response = _token_counts(table.column(f"c{i_resp}"), minimum=0)
+    if request is None or response is None:
+        return None
+    kept = (request > 0) & (response > 0)
+    end = len(kept)
+    if limit is not None:
+        rows = np.flatnonzero(kept)
+        if len(rows) >= limit:
+            end = int(rows[limit - 1]) + 1
+    stamps = _nonnegative_floats(table.column(f"c{i_ts}").slice(0, end))
+    if stamps is None or not _times_hold(stamps):
+        return None
+    kept, request, response = kept[:end], request[:end], response[:end]
+    if not kept.any():
+        return None
+    times = stamps[kept]
+    failed = int(np.count_nonzero(response == 0))
+    no_prompt = int(np.count_nonzero((request == 0) & (response > 0)))
+    return times - times[0], request[kept], response[kept], failed, no_prompt
 
 
 def read_generic_csv(

@@ -25,7 +25,7 @@ from batchsim.workload.structure import (
     cut_conversations,
     next_turns,
 )
-from batchsim.workload.traces import load_trace
+from batchsim.workload.traces import load_trace, skipped_note
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,6 +201,17 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
         prefix=prefix,
         next_turn=next_turn,
     )
+
+
+def trace_notes(cfg: WorkloadConfig, base_dir: Path | None = None) -> list[str]:
+    """What the user should know about the trace ``cfg`` replays: the rows left out (BurstGPT
+    rows with 0 response or request tokens), one line each; empty without a trace. Reads the
+    trace as :func:`generate` does (a cache hit after it)."""
+    if cfg.trace is None:
+        return []
+    trace = load_trace(cfg.trace, base_dir, limit=cfg.num_requests)
+    note = skipped_note(trace, cfg.trace.path)
+    return [note] if note is not None else []
 
 
 def _draw_turns(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None) -> np.ndarray:

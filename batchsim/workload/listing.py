@@ -40,6 +40,8 @@ _SAMPLE_DESCRIPTIONS = {
     "code-completion service (Splitwise, ISCA'24; CC-BY)",
     "mooncake_synthetic_sample.jsonl": "First 200 requests of the Mooncake FAST'25 synthetic "
     "trace, with prefix hash ids (Apache-2.0)",
+    "burstgpt_synthetic_sample.csv": "SYNTHETIC rows in the BurstGPT CSV layout (placeholder "
+    "distributions, not BurstGPT data; 500 rows, 18 failed ones skipped)",
 }
 
 _Row = dict[str, Any]

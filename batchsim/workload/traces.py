@@ -2,7 +2,9 @@
 
 Owns :class:`TraceConfig` (with :class:`CsvColumns`), the ``TRACE_FORMATS`` descriptions and
 :func:`load_trace`, which reads (and caches) an Azure LLM inference 2023/2024 CSV, a Mooncake
-JSONL or a generic CSV into arrival times (seconds since the first row) and token counts.
+JSONL, a BurstGPT CSV or a generic CSV into arrival times (seconds since the first row) and
+token counts. BurstGPT rows with 0 response tokens (failed requests) or 0 request tokens are
+skipped and counted (:attr:`_Trace.skipped`, :func:`skipped_note`), not errors.
 Malformed rows, timestamps going backwards and empty files raise a
 :class:`~batchsim.errors.ConfigError` naming the file and line.
 
@@ -29,6 +31,7 @@ from batchsim.errors import ConfigError
 from batchsim.validation import ConfigModel, FieldError, StrictFloat, format_value
 from batchsim.workload import columnar
 from batchsim.workload.files import (
+    _as_positive_int,
     _check_row_count,
     _check_sorted,
     _check_span,
@@ -83,6 +86,10 @@ TRACE_FORMATS: dict[str, str] = {
     "arrival = seconds since the first row",
     "mooncake": "Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids "
     "(512-token prefix blocks, kept for prefix caching)",
+    "burstgpt": "BurstGPT CSV (github.com/HPMLL/BurstGPT): Timestamp (s), Model, Request "
+    "tokens, Response tokens, Total tokens, Log Type; rows with 0 response tokens (failed "
+    "requests) or 0 request tokens are skipped and counted; arrival = seconds since the first "
+    "row kept",
     "csv": "generic CSV with a header; columns (default arrival_time, prompt_tokens, "
     "output_tokens; optional prefix_group and prefix_tokens) and time_unit (s or ms) "
     "configurable; arrival times used as given",
@@ -96,12 +103,13 @@ class TraceConfig(ConfigModel):
     trace twice as fast (double the request rate), 2.0 half as fast. A relative ``path`` is
     looked up next to the experiment file, then in the built-in ``workloads/`` catalog.
     ``format`` may be omitted: ``.jsonl`` files are read as mooncake, CSVs whose header is the
-    Azure one as azure, other CSVs as csv.
+    Azure one as azure, CSVs with BurstGPT's Timestamp, Request tokens and Response tokens
+    columns as burstgpt, other CSVs as csv.
     """
 
     path: str = Field(min_length=1, description="trace file")
-    format: Literal["azure", "mooncake", "csv"] | None = Field(
-        default=None, description="azure | mooncake | csv (default: from the file)"
+    format: Literal["azure", "mooncake", "burstgpt", "csv"] | None = Field(
+        default=None, description="azure | mooncake | burstgpt | csv (default: from the file)"
     )
     time_scale: StrictFloat = Field(
         default=1.0, gt=0, le=1e6, description="multiplies arrival times: 0.5 = twice as fast (> 0)"
@@ -113,7 +121,7 @@ class TraceConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_csv_only(self) -> TraceConfig:
-        if self.format in ("azure", "mooncake"):
+        if self.format in ("azure", "mooncake", "burstgpt"):
             for key in ("columns", "time_unit"):
                 if getattr(self, key) is not None:
                     raise FieldError(key, f"applies to format csv only, not {self.format}")
@@ -129,6 +137,7 @@ class _Trace:
     format: str
     prefix_group: np.ndarray | None = None  # csv: group content id per row (-1: none)
     prefix_tokens: np.ndarray | None = None  # csv: shared-prefix tokens per row (0: none)
+    skipped: tuple[tuple[str, int], ...] = ()  # (why, rows) left out of the rows read
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -164,11 +173,28 @@ def load_trace(
     )
 
 
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+"""The BurstGPT columns read (``Model``, ``Total tokens``, ``Log Type`` and, in later files,
+``Session ID`` and ``Elapsed time`` are not used)."""
+SKIPPED_FAILED = "with 0 response tokens (failed requests)"
+SKIPPED_NO_PROMPT = "with 0 request tokens"
+
+
 def _format_of_header(header: list[str], explicit_csv: bool) -> str:
     if explicit_csv:
         return "csv"
     names = {h.strip() for h in header}
-    return "azure" if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names else "csv"
+    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= names:
+        return "azure"
+    return "burstgpt" if set(BURSTGPT_COLUMNS) <= names else "csv"
+
+
+def skipped_note(trace: _Trace, shown: str) -> str | None:
+    """One line saying which rows of the file were left out, or None (none were)."""
+    parts = [f"{n:,} row{'s' if n != 1 else ''} {why}" for why, n in trace.skipped if n]
+    if not parts:
+        return None
+    return f"workload.trace: {shown}: skipped {' and '.join(parts)}; they are not replayed"
 
 
 def _infer_format(path: str, text: str, explicit_csv: bool, shown: str) -> str:
@@ -235,6 +261,12 @@ def _parse(
             azure = columnar.read_azure(data, header, shown, limit)
             if azure is not None:
                 return _Trace(azure[0], azure[1], azure[2], None, "azure")
+        elif kind == "burstgpt":
+            burst = columnar.read_burstgpt(data, header, shown, limit)
+            if burst is not None:
+                times, requested, responded, failed, no_prompt = burst
+                skipped = ((SKIPPED_FAILED, failed), (SKIPPED_NO_PROMPT, no_prompt))
+                return _Trace(times, requested, responded, None, "burstgpt", skipped=skipped)
         else:
             names = (cols.arrival_time, cols.prompt_tokens, cols.output_tokens)
             prefix = None
@@ -266,6 +298,8 @@ def _parse_rows(
         return _read_mooncake(text, shown, limit)
     if fmt == "azure":
         return _read_azure(text, shown, limit)
+    if fmt == "burstgpt":
+        return _read_burstgpt(text, shown, limit)
     return _read_csv_trace(text, shown, cols, time_unit, limit)
 
 
@@ -294,6 +328,63 @@ def _read_azure(text: str, shown: str, limit: int | None = None) -> _Trace:
     _check_sorted(seconds, lines, "TIMESTAMP", shown)
     _check_span(seconds, lines, "TIMESTAMP", shown)
     return _Trace(seconds, prompt, output, None, "azure")
+
+
+def _read_burstgpt(text: str, shown: str, limit: int | None = None) -> _Trace:
+    """BurstGPT rows up to the ``limit``-th with request and response tokens > 0 (all rows
+    without a limit); rows with a 0 are counted and left out."""
+    header: list[str] | None = None
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    found = 0
+    index: tuple[int, int, int] | None = None
+    for row, line in csv_rows(text, shown):
+        if header is None:
+            header = [h.strip() for h in row]
+            i_ts, i_req, i_resp = (_column_index(header, n, shown) for n in BURSTGPT_COLUMNS)
+            index = (i_ts, i_req, i_resp)
+            continue
+        assert index is not None
+        rows.append(row)
+        lines.append(line)
+        _check_row_count(len(rows), shown, line)
+        if len(row) <= max(index):
+            break  # too few fields: reported by _take below
+        counts = [_as_positive_int(row[i], minimum=0) for i in index[1:]]
+        if None in counts:
+            break  # reported by _positive_ints below
+        if counts[0] and counts[1]:
+            found += 1
+            if found == limit:
+                break
+    if header is None or not rows:
+        raise ConfigError("empty trace: no data rows", shown)
+    assert index is not None
+    width = len(header)
+    i_ts, i_req, i_resp = index
+    request = _positive_ints(
+        _take(rows, lines, i_req, width, shown), lines, "Request tokens", shown, minimum=0
+    )
+    response = _positive_ints(
+        _take(rows, lines, i_resp, width, shown), lines, "Response tokens", shown, minimum=0
+    )
+    stamps = _nonnegative_floats(_take(rows, lines, i_ts, width, shown), lines, "Timestamp", shown)
+    _check_sorted(stamps, lines, "Timestamp", shown)
+    _check_span(stamps, lines, "Timestamp", shown)
+    kept = (request > 0) & (response > 0)
+    if not kept.any():
+        raise ConfigError(
+            f"no request to replay: every one of the {len(rows):,} rows has 0 request or 0 "
+            "response tokens",
+            shown,
+        )
+    times = stamps[kept]
+    failed = int(np.count_nonzero(response == 0))
+    no_prompt = int(np.count_nonzero((request == 0) & (response > 0)))
+    skipped = ((SKIPPED_FAILED, failed), (SKIPPED_NO_PROMPT, no_prompt))
+    return _Trace(
+        times - times[0], request[kept], response[kept], None, "burstgpt", skipped=skipped
+    )
 
 
 def _read_csv_trace(
