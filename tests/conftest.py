@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import weakref
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import settings
 
 from batchsim import simulation
+from batchsim.config import validate_experiment
 from batchsim.engine.engine import Engine
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.engine.request import Request
@@ -21,6 +23,7 @@ from batchsim.scheduler.interface import Scheduler, SchedulerConfig
 from batchsim.scheduler.output import StepTimes
 from batchsim.scheduler.registry import POLICIES
 from batchsim.simulation import Result
+from batchsim.workload.prefix import PrefixTable
 
 # A falsifying example comes with the @reproduce_failure decorator that replays it exactly.
 settings.register_profile("batchsim", print_blob=True)
@@ -117,6 +120,47 @@ def capture_engines() -> Iterator[list[Engine]]:
 
     with mock.patch.object(simulation, "Engine", RecordingEngine):
         yield engines
+
+
+Segments = list[tuple[int, int]]
+
+
+@contextlib.contextmanager
+def shared_prefixes(rows: list[Segments | None]) -> Iterator[None]:
+    """Give the requests that ``simulate()`` draws these prefix segments (row i for request
+    i, None: shares nothing), each cut to the request's prompt + output tokens."""
+    real = simulation.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        table = real(*args, **kwargs)
+        cut: list[Segments | None] = []
+        for i in range(len(table)):
+            row = rows[i] if i < len(rows) else None
+            room = int(table.prompt_tokens[i] + table.output_tokens[i])
+            segments: Segments = []
+            for content, length in row or ():
+                take = min(length, room)
+                if take <= 0:
+                    break
+                segments.append((content, take))
+                room -= take
+            cut.append(segments or None)
+        return dataclasses.replace(table, prefix=PrefixTable.from_lists(cut))
+
+    with mock.patch.object(simulation, "generate", generate):
+        yield
+
+
+def simulate_data(data: dict[str, Any], progress: Any = None) -> Result:
+    """``simulate()`` an experiment mapping; a ``_prefix`` entry (not an experiment key) gives
+    its requests those prefix segments (:func:`shared_prefixes`)."""
+    data = dict(data)
+    rows = data.pop("_prefix", None)
+    config = validate_experiment(data)
+    if rows is None:
+        return simulation.simulate(config, progress=progress)
+    with shared_prefixes(rows):
+        return simulation.simulate(config, progress=progress)
 
 
 def tiny_experiment(**overrides: Any) -> dict[str, Any]:

@@ -192,6 +192,7 @@ class Engine:
         on_step: Callable[[Engine], None] | None = None,
     ):
         self.scheduler = scheduler
+        self.kv_cache = scheduler.kv_cache
         self.cost_model = cost_model
         self.options = options
         self.source = ArrivalSource(table)
@@ -238,6 +239,10 @@ class Engine:
         """The :data:`~batchsim.metrics.logs.BATCH_COLUMNS` of an iteration."""
         shape = output.shape
         swap_in, swap_out = output.num_swap_in_blocks, output.num_swap_out_blocks
+        kv = self.kv_cache
+        evicted = kv.num_evicted_blocks  # by the schedule() of this iteration
+        if evicted:
+            kv.num_evicted_blocks = 0
         return (
             cpu * 1e3,
             output.num_seqs,
@@ -253,6 +258,8 @@ class Engine:
             swap_out,
             (swap_in + swap_out) * self.options.swap_time_per_block * 1e3,
             output.num_swapped_out if output.preempted else 0,
+            kv.num_cached_blocks,
+            evicted,
         )
 
     # ----------------------------------------------------------------------- internals
