@@ -88,6 +88,11 @@ class ContinuousScheduler(Scheduler):
         return self._batch_output(requests, tokens, preempted, batch)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
+        if len(output.requests) < len(self.running):
+            # prefills first: a recompute whose last token alone was left (its other tokens
+            # found in the prefix cache) looks like a decode, but the running decodes it
+            # stalled run with it at the next iteration
+            return 1
         # A waiting request that could be admitted would change the next iteration (free
         # blocks never grow during a stretch, so checking now is enough).
         if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
