@@ -17,10 +17,9 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from batchsim.config import validate_experiment
 from batchsim.engine.engine import Engine
 from batchsim.engine.request import RequestStatus
-from batchsim.simulation import Result, simulate
+from batchsim.simulation import Result
 from conftest import assert_same_run, capture_engines, simulate_data, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_invariants import experiments
 
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
@@ -26,7 +27,6 @@ from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
 from batchsim.simulation import Result, build
 from conftest import assert_same_run, capture_engines, simulate_data, tiny_experiment
-from test_invariants import experiments
 
 CPU_MS, CPU_PER_SEQ_MS = 3.0, 0.5
 CACHE_COLUMNS = ("num_cached_blocks", "num_evicted_blocks")
@@ -503,7 +503,7 @@ def test_prefix_caching_with_a_sliding_window_model_is_one_clear_error():
 def test_enable_prefix_caching_must_be_a_boolean():
     data = tiny_experiment()
     data["engine"] = {"enable_prefix_caching": "yes"}
-    with pytest.raises(ConfigError, match="engine.enable_prefix_caching"):
+    with pytest.raises(ConfigError, match=r"engine\.enable_prefix_caching"):
         validate_experiment(data)
 
 

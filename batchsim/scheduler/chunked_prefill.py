@@ -46,7 +46,11 @@ class ChunkedPrefillScheduler(Scheduler):
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
         # A waiting request that could be admitted would change the next iteration (free
         # blocks never grow during a stretch, so checking now is enough).
-        if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
-            if self.admit_waiting(self.waiting[0], 1, chunked=True, check_only=True):
-                return 1
+        if (
+            self.waiting
+            and not self.swapped
+            and len(self.running) < self.max_num_seqs
+            and self.admit_waiting(self.waiting[0], 1, chunked=True, check_only=True)
+        ):
+            return 1
         return 1 << 62

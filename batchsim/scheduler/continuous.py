@@ -95,7 +95,11 @@ class ContinuousScheduler(Scheduler):
             return 1
         # A waiting request that could be admitted would change the next iteration (free
         # blocks never grow during a stretch, so checking now is enough).
-        if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
-            if self.admit_waiting(self.waiting[0], 1 << 62, check_only=True):
-                return 1
+        if (
+            self.waiting
+            and not self.swapped
+            and len(self.running) < self.max_num_seqs
+            and self.admit_waiting(self.waiting[0], 1 << 62, check_only=True)
+        ):
+            return 1
         return 1 << 62
