@@ -141,20 +141,6 @@ class KVCacheManager:
         computed). No state changes. Always 0 without prefix caching."""
         return 0
 
-    def admission_blocks(self, request: Request, num_tokens: int, num_hit_blocks: int) -> int:
-        """Free blocks that :meth:`allocate_admission` would take: new blocks for the tokens
-        past the ``num_hit_blocks`` cached ones, plus the cached ones that sit idle (counted
-        as free until a request takes them)."""
-        return self.blocks_held(request.num_computed_tokens, num_tokens) - request.num_blocks
-
-    def allocate_admission(self, request: Request, num_tokens: int, num_hit_blocks: int) -> bool:
-        """Admit waiting ``request`` with ``num_tokens`` tokens of KV: reuse its first
-        ``num_hit_blocks`` cached blocks (:meth:`num_cached_prefix_blocks`, whose tokens then
-        count as computed) and allocate the rest, leaving the watermark free. False (no
-        change) if the pool is short."""
-        assert num_hit_blocks == 0, "no block is cached without prefix caching"
-        return self.allocate(request, num_tokens, admission=True)
-
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks

@@ -208,12 +208,19 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         return self._lookup(request)[0]
 
     def admission_blocks(self, request: Request, num_tokens: int, num_hit_blocks: int) -> int:
+        """Free blocks that :meth:`allocate_admission` would take: new blocks for the tokens
+        past the ``num_hit_blocks`` cached ones (:meth:`num_cached_prefix_blocks`), plus the
+        cached ones that sit idle (counted as free until a request takes them)."""
         assert request.num_computed_tokens == 0 and request.num_blocks == 0, "not waiting"
         found, idle = self._lookup(request)
         assert num_hit_blocks == found, "reuse what the lookup found"
         return -(-num_tokens // self.block_size) - found + idle
 
     def allocate_admission(self, request: Request, num_tokens: int, num_hit_blocks: int) -> bool:
+        """Admit waiting ``request`` with ``num_tokens`` tokens of KV: take a reference to
+        its first ``num_hit_blocks`` cached blocks (their tokens count as computed) and
+        allocate the rest, leaving the watermark free. False (no change) if the pool is
+        short."""
         need = self.admission_blocks(request, num_tokens, num_hit_blocks)
         if need > self._free - self.watermark_blocks:
             return False

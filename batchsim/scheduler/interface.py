@@ -414,9 +414,11 @@ class Scheduler(abc.ABC):
             check_only: Only say whether it would be admitted (the tokens), changing nothing.
         """
         kv = self.kv_cache
+        prefix = self._prefix
+        computed = request.num_computed_tokens
         hits = 0
-        if self._prefix is not None and not request.num_computed_tokens:
-            hits = self._prefix.num_cached_prefix_blocks(request)
+        if prefix is not None and not computed:
+            hits = prefix.num_cached_prefix_blocks(request)
         cached = hits * kv.block_size
         left = request.num_remaining_tokens - cached
         q = left
@@ -426,14 +428,20 @@ class Scheduler(abc.ABC):
             return 0
         if q <= 0:
             return 0
-        computed = request.num_computed_tokens + cached
-        tokens = computed + q if reserve_tokens is None else reserve_tokens
+        tokens = computed + cached + q if reserve_tokens is None else reserve_tokens
         if check_only:
-            need = kv.admission_blocks(request, tokens, hits)
-            return q if need <= kv.num_free_blocks - kv.watermark_blocks else 0
-        if not kv.allocate_admission(request, tokens, hits):
+            if hits:
+                assert prefix is not None
+                need = prefix.admission_blocks(request, tokens, hits)
+                return q if need <= kv.num_free_blocks - kv.watermark_blocks else 0
+            return q if kv.can_allocate(request, tokens, admission=True) else 0
+        if hits:
+            assert prefix is not None
+            if not prefix.allocate_admission(request, tokens, hits):
+                return 0
+        elif not kv.allocate(request, tokens, admission=True):
             return 0
-        if not request.num_preemptions:
+        if prefix is not None and not request.num_preemptions:
             request.num_cached_tokens = cached
         self.admit(request)
         return q
