@@ -109,6 +109,9 @@ class KVCacheManager:
     """Blocks holding cached content, in use or idle (always 0 without prefix caching)."""
     num_evicted_blocks: int = 0
     """Cached blocks evicted since the engine last read this counter (it resets it)."""
+    num_idle_blocks: int = 0
+    """Cached blocks that no request holds: free, and reusable until evicted (always 0
+    without prefix caching)."""
 
     def __init__(
         self,
@@ -132,8 +135,9 @@ class KVCacheManager:
     @property
     def num_empty_blocks(self) -> int:
         """Free blocks that hold no cached content: what a decode stretch may take without
-        evicting anything (every free block without prefix caching)."""
-        return self.num_free_blocks
+        evicting anything (every free block without prefix caching). Hot paths compute it
+        inline as ``num_free_blocks - num_idle_blocks`` (no call)."""
+        return self.num_free_blocks - self.num_idle_blocks
 
     def num_cached_prefix_blocks(self, request: Request) -> int:
         """Leading full blocks of ``request``'s sequence found in this cache now, at most
@@ -221,7 +225,7 @@ class KVCacheManager:
         window needs, which may cut a stretch earlier than necessary (never later).
         """
         bs = self.block_size
-        free = self.num_empty_blocks
+        free = self.num_free_blocks - self.num_idle_blocks  # a stretch never evicts
         cap = None if self.window is None else -(-self.window // bs) + 1
 
         def need(k: int) -> int:
@@ -286,7 +290,7 @@ class KVCacheManager:
     def max_growth_from_offsets(self, at_least: list[int], limit: int) -> int:
         """:meth:`max_growth_steps` (no window) of requests counted by offset."""
         bs = self.block_size
-        free = self.num_empty_blocks
+        free = self.num_free_blocks - self.num_idle_blocks  # a stretch never evicts
         n = at_least[0]
 
         def need(k: int) -> int:

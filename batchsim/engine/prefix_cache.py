@@ -140,6 +140,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         """Cached blocks evicted over the whole run."""
         self.num_cached_blocks = 0
         self.num_evicted_blocks = 0
+        self.num_idle_blocks = 0
         super().__init__(num_blocks, block_size, num_cpu_blocks, watermark_blocks=watermark_blocks)
 
     # ---------------------------------------------------------------- free blocks
@@ -150,19 +151,10 @@ class PrefixCachingKVCacheManager(KVCacheManager):
 
     @num_free_blocks.setter
     def num_free_blocks(self, value: int) -> None:
-        short = len(self._idle) - value  # the empty blocks cannot cover the decrease
+        short = self.num_idle_blocks - value  # the empty blocks cannot cover the decrease
         if short > 0:
             self._evict(short)
         self._free = value
-
-    @property
-    def num_empty_blocks(self) -> int:
-        return self._free - len(self._idle)
-
-    @property
-    def num_idle_blocks(self) -> int:
-        """Cached blocks that no request holds (free, reusable until evicted)."""
-        return len(self._idle)
 
     def _evict(self, count: int) -> None:
         idle, refs = self._idle, self._refs
@@ -170,6 +162,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         for _ in range(count):
             key, _ = idle.popitem(last=False)
             del refs[key]
+        self.num_idle_blocks -= count
         self.num_cached_blocks -= count
         self.num_evicted_blocks += count
         self.num_evictions += count
@@ -231,6 +224,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             count = refs[key]
             if count == 0:
                 del idle[key]
+                self.num_idle_blocks -= 1
                 self._free -= 1
                 need -= 1
             refs[key] = count + 1
@@ -301,6 +295,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
                 refs[key] = count
                 if count == 0:
                     idle[key] = None
+                    self.num_idle_blocks += 1
                     freed += 1
             assert state is not None
             state.held = []

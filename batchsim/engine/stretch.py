@@ -98,7 +98,8 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         steps = min(batch.cohort.min_remaining(), scheduler.policy_max_repeat(output))
         if steps <= 1:
             return max(1, steps)
-        if batch.members * ((steps - 1) // kv.block_size + 1) <= kv.num_empty_blocks:
+        empty = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts
+        if batch.members * ((steps - 1) // kv.block_size + 1) <= empty:
             return steps  # room for a new block per member at every block boundary
         return max(1, kv.max_growth_from_offsets(batch.cohort.offsets(), steps))
     if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):

@@ -593,7 +593,7 @@ class Scheduler(abc.ABC):
             blocks = -(-(computed + tokens) // bs) - held
             return kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
 
-        free = kv.num_empty_blocks  # a stretch never evicts a cached block
+        free = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts a cached block
         prompt_blocks = max(0, -(-(computed + remaining) // bs) - held)
         most = batch.members * ((steps - 1) // bs + 1) + prompt_blocks  # >= need(steps)
         if most <= free:
