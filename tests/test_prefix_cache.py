@@ -9,6 +9,7 @@ comparison of expanded token sequences, and the same run without prefix caching.
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_invariants import experiments
 
+from batchsim import cli
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
 from batchsim.engine.engine import Engine
@@ -491,6 +493,24 @@ def test_a_mooncake_trace_reuses_its_shared_hash_blocks(tmp_path):
     slow = copy.deepcopy(base)
     slow["engine"]["fast_forward"] = False
     assert_same_run(on, simulate_data(slow))
+
+
+def test_batchsim_run_prints_the_hit_rate_when_prefix_caching_is_on(tmp_path, capsys):
+    exp = tmp_path / "mooncake.yaml"
+    exp.write_text(
+        "name: mc\nmodel: llama-3-8b\nhardware: a100-80gb\n"
+        "workload: {trace: {path: mooncake_synthetic_sample.jsonl, format: mooncake}, "
+        "num_requests: 120}\n",
+        encoding="utf-8",
+    )
+    for on in (True, False):
+        out = tmp_path / f"run-{on}"
+        flag = f"engine.enable_prefix_caching={str(on).lower()}"
+        assert cli.main(["run", str(exp), "-o", str(out), "--set", flag]) == 0
+        printed = capsys.readouterr().out
+        rate = json.loads((out / "summary.json").read_text())["prefix_cache_hit_rate"]
+        assert (f"prefix cache  {rate:.1%} of prompt tokens found cached" in printed) == on
+        assert (rate > 0) == on
 
 
 def test_prefix_caching_with_a_sliding_window_model_is_one_clear_error():

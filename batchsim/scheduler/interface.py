@@ -413,35 +413,51 @@ class Scheduler(abc.ABC):
             reserve_tokens: KV to allocate, in tokens (default: up to the scheduled ones).
             check_only: Only say whether it would be admitted (the tokens), changing nothing.
         """
-        kv = self.kv_cache
-        prefix = self._prefix
         computed = request.num_computed_tokens
+        left = request.num_remaining_tokens
         hits = 0
+        prefix = self._prefix
         if prefix is not None and not computed:
             hits = prefix.num_cached_prefix_blocks(request)
-        cached = hits * kv.block_size
-        left = request.num_remaining_tokens - cached
-        q = left
+            left -= hits * prefix.block_size
         if chunked:
-            q = min(left, token_budget)
+            q = left if left < token_budget else token_budget
         elif left > token_budget and (over_budget_above is None or left <= over_budget_above):
             return 0
+        else:
+            q = left
         if q <= 0:
             return 0
-        tokens = computed + cached + q if reserve_tokens is None else reserve_tokens
-        if check_only:
-            if hits:
-                assert prefix is not None
-                need = prefix.admission_blocks(request, tokens, hits)
-                return q if need <= kv.num_free_blocks - kv.watermark_blocks else 0
-            return q if kv.can_allocate(request, tokens, admission=True) else 0
         if hits:
-            assert prefix is not None
-            if not prefix.allocate_admission(request, tokens, hits):
-                return 0
-        elif not kv.allocate(request, tokens, admission=True):
+            return self._admit_cached(request, hits, q, reserve_tokens, check_only)
+        kv = self.kv_cache
+        tokens = computed + q if reserve_tokens is None else reserve_tokens
+        if check_only:
+            return q if kv.can_allocate(request, tokens, admission=True) else 0
+        if not kv.allocate(request, tokens, admission=True):
             return 0
-        if prefix is not None and not request.num_preemptions:
+        self.admit(request)
+        return q
+
+    def _admit_cached(
+        self,
+        request: Request,
+        hits: int,
+        q: int,
+        reserve_tokens: int | None,
+        check_only: bool,
+    ) -> int:
+        """:meth:`admit_waiting` of a request whose first ``hits`` blocks are cached."""
+        prefix = self._prefix
+        assert prefix is not None
+        cached = hits * prefix.block_size
+        tokens = cached + q if reserve_tokens is None else reserve_tokens
+        if check_only:
+            need = prefix.admission_blocks(request, tokens, hits)
+            return q if need <= prefix.num_free_blocks - prefix.watermark_blocks else 0
+        if not prefix.allocate_admission(request, tokens, hits):
+            return 0
+        if not request.num_preemptions:  # its first admission
             request.num_cached_tokens = cached
         self.admit(request)
         return q
