@@ -344,6 +344,27 @@ def test_the_lookup_finds_leading_cached_blocks_and_changes_nothing():
     assert kv.num_free_blocks == 20 and kv.num_empty_blocks == 17
 
 
+def test_a_request_looked_up_in_several_caches_gets_each_cache_s_answer():
+    # What a cache-aware router does: ask every replica's cache before admitting anywhere.
+    warm, cold, coarse = (
+        PrefixCachingKVCacheManager(20, 4),
+        PrefixCachingKVCacheManager(20, 4),
+        PrefixCachingKVCacheManager(20, 8),
+    )
+    for kv in (warm, cold, coarse):  # the same history; cold caches other content
+        done = _request(0, 20, ((6 if kv is cold else 5, 16),))
+        assert kv.allocate_admission(done, 20, 0)
+        done.num_computed_tokens = 20
+        kv.register(done)
+        kv.free(done)
+    probe = _request(1, 30, ((5, 16),))
+    for _ in range(2):
+        assert warm.num_cached_prefix_blocks(probe) == 4
+        assert cold.num_cached_prefix_blocks(probe) == 0
+        assert coarse.num_cached_prefix_blocks(probe) == 2
+    assert cold.num_cached_blocks == 4 == warm.num_cached_blocks
+
+
 def test_a_duplicate_block_stays_the_request_s_own():
     # Two requests admitted before either computed the shared block: the first to compute it
     # caches it; the other's copy stays its own and is freed as an empty block.

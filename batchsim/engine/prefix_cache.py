@@ -87,9 +87,10 @@ def block_keys(segments: Sequence[tuple[int, int]] | None, block_size: int) -> l
 class _RequestBlocks:
     """A request's view of the cache: its block keys and the cached blocks it holds."""
 
-    __slots__ = ("held", "keys", "lookup", "next_at", "num_done")
+    __slots__ = ("block_size", "held", "keys", "lookup", "next_at", "num_done")
 
     def __init__(self, keys: list[int], block_size: int):
+        self.block_size = block_size
         self.keys = keys
         """Keys of its keyed blocks, in block order."""
         self.held: list[int] = []
@@ -100,9 +101,9 @@ class _RequestBlocks:
         as its own duplicate)."""
         self.next_at = block_size if keys else _NO_KEY
         """Computed tokens at which its next keyed block is complete."""
-        self.lookup = (-1, 0, 0, 0)
-        """(cache version, the request's tokens, blocks found, of which idle) of the last
-        lookup."""
+        self.lookup: tuple[object, int, int, int, int] = (None, -1, 0, 0, 0)
+        """(cache, its version, the request's tokens, blocks found, of which idle) of the
+        last lookup (a router may look the request up in several caches)."""
 
 
 class PrefixCachingKVCacheManager(KVCacheManager):
@@ -171,11 +172,12 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     # ---------------------------------------------------------------- keys and lookup
     def _blocks_of(self, request: Request) -> _RequestBlocks:
         state = request._prefix
-        if state is None:
-            state = _RequestBlocks(
-                block_keys(request.prefix_segments, self.block_size), self.block_size
-            )
+        bs = self.block_size
+        if state is None or (state.block_size != bs and not state.held and not state.num_done):
+            # (a cache of another block size looked it up before: its keys do not apply)
+            state = _RequestBlocks(block_keys(request.prefix_segments, bs), bs)
             request._prefix = state
+        assert state.block_size == bs, "a request's blocks belong to one cache at a time"
         return state
 
     def _lookup(self, request: Request) -> tuple[int, int]:
@@ -183,8 +185,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         how many of them are idle)."""
         state = self._blocks_of(request)
         num_tokens = request.num_tokens
-        version, tokens, found, idle = state.lookup
-        if version == self._version and tokens == num_tokens:
+        cache, version, tokens, found, idle = state.lookup
+        if cache is self and version == self._version and tokens == num_tokens:
             return found, idle
         refs = self._refs
         found = idle = 0
@@ -194,7 +196,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
                 break
             found += 1
             idle += count == 0
-        state.lookup = (self._version, num_tokens, found, idle)
+        state.lookup = (self, self._version, num_tokens, found, idle)
         return found, idle
 
     def num_cached_prefix_blocks(self, request: Request) -> int:
