@@ -88,7 +88,7 @@ class ContinuousScheduler(Scheduler):
         return self._batch_output(requests, tokens, preempted, batch)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
-        if len(output.requests) < len(self.running):
+        if self._prefix is not None and len(output.requests) < len(self.running):
             # prefills first: a recompute whose last token alone was left (its other tokens
             # found in the prefix cache) looks like a decode, but the running decodes it
             # stalled run with it at the next iteration

@@ -413,8 +413,8 @@ class Scheduler(abc.ABC):
             reserve_tokens: KV to allocate, in tokens (default: up to the scheduled ones).
             check_only: Only say whether it would be admitted (the tokens), changing nothing.
         """
-        computed = request.num_computed_tokens
-        left = request.num_remaining_tokens
+        computed = request._computed  # a waiting request is in no cohort: its own fields
+        left = request.num_prompt_tokens + request._outputs - computed
         hits = 0
         prefix = self._prefix
         if prefix is not None and not computed:
