@@ -1,7 +1,8 @@
 """Properties every run must have, over small random experiments (hypothesis).
 
 Each example is a tiny experiment (<= 30 requests) with a random policy, batch cap, token
-budget, KV cache size, lengths, arrival process, cancellations and sometimes a closed loop.
+budget, KV cache size, lengths, arrival process, cancellations, sometimes a closed loop and
+sometimes shared prefix segments, with or without prefix caching.
 Whatever the draw, the run ends, every request ends exactly once, timestamps are ordered, the
 limits hold and the KV cache is empty at the end.
 """

@@ -34,9 +34,13 @@ The semantics are vLLM's automatic prefix caching (``enable_prefix_caching``):
   is no longer shared through the cache).
 
 Usage (``kv_cache_usage``) counts the blocks requests hold; idle cached blocks are free.
-Decode stretches never evict: they take only empty blocks
-(:attr:`~batchsim.engine.kv_cache.KVCacheManager.num_empty_blocks`) and stop before a block
-would be registered, so evictions and registrations happen in iterations stepped one by one.
+Fast-forward stays exact: a decode stretch takes only empty blocks
+(:attr:`~batchsim.engine.kv_cache.KVCacheManager.num_empty_blocks`), never follows a
+``schedule()`` that evicted, and ends at the latest with the iteration that completes a keyed
+block, so the cached blocks are the same at every iteration of a stretch and evictions happen
+only in iterations run one by one. A running decode with keyed blocks still to compute (a
+segment that runs into its output) advances outside the cohort of decodes
+(:mod:`batchsim.engine.cohort`) until it has computed them.
 
 Sliding-window models are not supported (a window frees a request's leading blocks).
 
