@@ -12,7 +12,10 @@ The semantics are vLLM's automatic prefix caching (``enable_prefix_caching``):
   per request, when first needed.
 - **Registration.** When a request has computed a keyed block (at the end of the iteration
   that completes it), the block is cached with one reference, unless its key is cached
-  already: then the request's copy stays its own, uncached block.
+  already: then the request's copy stays its own, uncached block. (vLLM caches a block when
+  it schedules the tokens that fill it, so a request admitted later in the same iteration
+  may share it; here two requests that start on the same new prefix in one iteration each
+  compute it.)
 - **Idle blocks.** When the last request holding a cached block lets it go (it finished, was
   cancelled, preempted by recompute or swapped out), the block keeps its content and its key
   and counts as *free*: allocation may take it. Its requests release their blocks deepest
