@@ -105,9 +105,14 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
                 f"{summary['num_preemptions']} preemptions"
                 + (f" ({summary['num_swaps']} by swapping)" if summary.get("num_swaps") else ""),
             ),
-            ("wall time", _fmt(summary["wall_time_s"], " s")),
         ]
     )
+    engine = summary.get("config", {}).get("engine", {})
+    if engine.get("enable_prefix_caching"):
+        rate = summary["prefix_cache_hit_rate"]
+        found = "-" if rate != rate else f"{rate:.1%}"
+        rows.append(("prefix cache", f"{found} of prompt tokens found cached"))
+    rows.append(("wall time", _fmt(summary["wall_time_s"], " s")))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"  {key:<{width}}  {value}", file=out)

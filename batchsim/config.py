@@ -95,6 +95,11 @@ class EngineConfig(ConfigModel):
     fast_forward: StrictBool = True
     """Advance decode-only stretches in one step, for policies that declare
     ``decode_stretches`` (same results; off only to cross-check)."""
+    enable_prefix_caching: StrictBool = False
+    """Automatic prefix caching (vLLM's ``enable_prefix_caching``): full KV blocks of content
+    that requests share (the workload's prefix segments) stay cached after their requests
+    leave, and a request starting with cached blocks skips computing them
+    (:mod:`batchsim.engine.prefix_cache`). Not with a sliding-window model."""
 
 
 class SloConfig(ConfigModel):

@@ -41,6 +41,7 @@ from batchsim.config import (
 from batchsim.cost import RooflineCostModel
 from batchsim.engine.engine import Engine, EngineOptions
 from batchsim.engine.kv_cache import KVCacheManager, kv_capacity_blocks
+from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager
 from batchsim.errors import ConfigError, write_error
 from batchsim.metrics.logs import (
     ITERATION_COLUMNS,
@@ -436,6 +437,11 @@ def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> 
             block_bytes=block_bytes,
         )
     dtype_bytes(engine.dtype, "engine.dtype")
+    if engine.enable_prefix_caching and model.sliding_window is not None:
+        raise ConfigError(
+            f"engine.enable_prefix_caching: true is not supported with a sliding-window model "
+            f"({model.name}: sliding_window {model.sliding_window} tokens); set it to false"
+        )
     cpu_blocks, swap_time = 0, 0.0
     if config.scheduler.preemption_mode == "swap":
         if hardware.host_bandwidth is None:
@@ -459,13 +465,23 @@ def engine_parts(
     engine_cfg = config.engine
     hardware = setup.hardware
     window = setup.model.sliding_window
-    kv = KVCacheManager(
-        setup.num_gpu_blocks,
-        engine_cfg.block_size,
-        setup.num_cpu_blocks,
-        window=window,
-        watermark_blocks=int(engine_cfg.watermark * setup.num_gpu_blocks),
-    )
+    watermark = int(engine_cfg.watermark * setup.num_gpu_blocks)
+    kv: KVCacheManager
+    if engine_cfg.enable_prefix_caching:
+        kv = PrefixCachingKVCacheManager(
+            setup.num_gpu_blocks,
+            engine_cfg.block_size,
+            setup.num_cpu_blocks,
+            watermark_blocks=watermark,
+        )
+    else:
+        kv = KVCacheManager(
+            setup.num_gpu_blocks,
+            engine_cfg.block_size,
+            setup.num_cpu_blocks,
+            window=window,
+            watermark_blocks=watermark,
+        )
     max_len = engine_cfg.max_model_len or setup.model.max_position_embeddings
     scheduler = policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
     options = EngineOptions(

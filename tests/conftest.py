@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import weakref
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import settings
 
 from batchsim import simulation
+from batchsim.config import validate_experiment
 from batchsim.engine.engine import Engine
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.engine.request import Request
@@ -21,6 +23,7 @@ from batchsim.scheduler.interface import Scheduler, SchedulerConfig
 from batchsim.scheduler.output import StepTimes
 from batchsim.scheduler.registry import POLICIES
 from batchsim.simulation import Result
+from batchsim.workload.prefix import PrefixTable
 
 # A falsifying example comes with the @reproduce_failure decorator that replays it exactly.
 settings.register_profile("batchsim", print_blob=True)
@@ -119,6 +122,47 @@ def capture_engines() -> Iterator[list[Engine]]:
         yield engines
 
 
+Segments = list[tuple[int, int]]
+
+
+@contextlib.contextmanager
+def shared_prefixes(rows: list[Segments | None]) -> Iterator[None]:
+    """Give the requests that ``simulate()`` draws these prefix segments (row i for request
+    i, None: shares nothing), each cut to the request's prompt + output tokens."""
+    real = simulation.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        table = real(*args, **kwargs)
+        cut: list[Segments | None] = []
+        for i in range(len(table)):
+            row = rows[i] if i < len(rows) else None
+            room = int(table.prompt_tokens[i] + table.output_tokens[i])
+            segments: Segments = []
+            for content, length in row or ():
+                take = min(length, room)
+                if take <= 0:
+                    break
+                segments.append((content, take))
+                room -= take
+            cut.append(segments or None)
+        return dataclasses.replace(table, prefix=PrefixTable.from_lists(cut))
+
+    with mock.patch.object(simulation, "generate", generate):
+        yield
+
+
+def simulate_data(data: dict[str, Any], progress: Any = None) -> Result:
+    """``simulate()`` an experiment mapping; a ``_prefix`` entry (not an experiment key) gives
+    its requests those prefix segments (:func:`shared_prefixes`)."""
+    data = dict(data)
+    rows = data.pop("_prefix", None)
+    config = validate_experiment(data)
+    if rows is None:
+        return simulation.simulate(config, progress=progress)
+    with shared_prefixes(rows):
+        return simulation.simulate(config, progress=progress)
+
+
 def tiny_experiment(**overrides: Any) -> dict[str, Any]:
     """A small, fast experiment mapping (Llama-2-7B on an A100-80GB)."""
     data: dict[str, Any] = {
@@ -177,13 +221,14 @@ def assert_summaries_match(a: dict[str, Any], b: dict[str, Any], rel: float = 1e
         assert same, (key, x, y)
 
 
-def assert_same_run(fast: Result, slow: Result) -> None:
-    """Two runs agree iteration by iteration and request by request (to 1e-9)."""
+def assert_same_run(fast: Result, slow: Result, *, ignore: tuple[str, ...] = ()) -> None:
+    """Two runs agree iteration by iteration and request by request (to 1e-9), but for the
+    ``ignore`` iteration columns."""
     assert_summaries_match(fast.summary, slow.summary)
     assert len(fast.iterations) == len(slow.iterations)
-    for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens"):
+    for column in ("ttft_ms", "e2el_ms", "finish_time_s", "output_tokens", "num_cached_tokens"):
         np.testing.assert_allclose(fast.requests[column], slow.requests[column], rtol=1e-9)
-    for column in fast.iterations.columns:
+    for column in fast.iterations.columns.drop(list(ignore)):
         a, b = fast.iterations[column].to_numpy(), slow.iterations[column].to_numpy()
         if a.dtype.kind in "fc":
             rtol = 1e-6 if column == "kv_cache_usage" else 1e-9  # float32 column

@@ -1,7 +1,8 @@
 """Properties every run must have, over small random experiments (hypothesis).
 
 Each example is a tiny experiment (<= 30 requests) with a random policy, batch cap, token
-budget, KV cache size, lengths, arrival process, cancellations and sometimes a closed loop.
+budget, KV cache size, lengths, arrival process, cancellations, sometimes a closed loop and
+sometimes shared prefix segments, with or without prefix caching.
 Whatever the draw, the run ends, every request ends exactly once, timestamps are ordered, the
 limits hold and the KV cache is empty at the end.
 """
@@ -17,11 +18,10 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from batchsim.config import validate_experiment
 from batchsim.engine.engine import Engine
 from batchsim.engine.request import RequestStatus
-from batchsim.simulation import Result, simulate
-from conftest import assert_same_run, capture_engines, tiny_experiment
+from batchsim.simulation import Result
+from conftest import assert_same_run, capture_engines, simulate_data, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 FINAL = {"finished", "rejected", "cancelled"}
@@ -30,9 +30,21 @@ TIME_TOL_S = 1e-9  # iteration ends are start + duration_ms / 1e3: equal up to r
 
 def run(data: dict[str, Any]) -> tuple[Result, Engine]:
     with capture_engines() as engines:
-        result = simulate(validate_experiment(data))
+        result = simulate_data(data)
     (engine,) = engines
     return result, engine
+
+
+def prefix_rows(draw: st.DrawFn, num_requests: int) -> list[Any]:
+    """Prefix segments for each request: up to three from four contents (so that requests
+    share some), of lengths that cover a prompt, part of it, or run into the output."""
+    rows: list[Any] = []
+    for _ in range(num_requests):
+        count = draw(st.integers(0, 3))
+        rows.append(
+            [(draw(st.integers(0, 3)), draw(st.integers(1, 160))) for _ in range(count)] or None
+        )
+    return rows
 
 
 def _length(draw: st.DrawFn, largest: int) -> dict[str, Any]:
@@ -87,8 +99,15 @@ def experiments(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         hi = draw(st.floats(1, 3000))
         workload["cancel_after_ms"] = {"dist": "uniform", "min": draw(st.floats(0, hi)), "max": hi}
+    if draw(st.booleans()):  # shared prefixes, with automatic prefix caching or without
+        engine["enable_prefix_caching"] = draw(st.booleans())
+        workload_prefix = prefix_rows(draw, workload["num_requests"])
+    else:
+        workload_prefix = None
     data = tiny_experiment(seed=draw(st.integers(0, 2**16)))
     data.update(scheduler=scheduler, engine=engine, workload=workload)
+    if workload_prefix is not None:
+        data["_prefix"] = workload_prefix  # see conftest.simulate_data
     return data
 
 
@@ -134,6 +153,22 @@ def test_random_experiments_keep_every_invariant(data):
     assert 0 <= summary["max_kv_cache_usage"] <= 1
     kv = engine.scheduler.kv_cache
     assert kv.num_used_blocks == 0 and kv.num_free_cpu_blocks == kv.num_cpu_blocks
+    # Prefix caching: no block is referenced at the end; what was found cached is whole
+    # blocks and leaves at least one prompt token to compute.
+    cached = req["num_cached_tokens"]
+    if data["engine"].get("enable_prefix_caching"):
+        assert set(kv.num_references().values()) <= {0}
+        assert kv.num_cached_blocks == len(kv.num_references()) == kv.num_idle_blocks
+        assert (cached % data["engine"]["block_size"] == 0).all()
+        assert (cached < req["prompt_tokens"]).all()
+        assert 0 <= summary["prefix_cache_hit_rate"] < 1 or not len(done)
+    else:
+        assert (cached == 0).all() and (it["num_cached_blocks"] == 0).all()
+        assert summary["prefix_cache_hit_rate"] == 0 or not len(done)
+    # cached blocks only leave by eviction: each iteration's count is at least the previous
+    # one's less what its schedule() evicted
+    cached_blocks = it["num_cached_blocks"].to_numpy()
+    assert (cached_blocks[1:] + it["num_evicted_blocks"].to_numpy()[1:] >= cached_blocks[:-1]).all()
     assert 0 <= summary["num_swaps"] <= summary["num_preemptions"]
     swapped_out, swapped_in = it["num_swap_out_blocks"].sum(), it["num_swap_in_blocks"].sum()
     assert swapped_in <= swapped_out  # every block copied back was copied out
@@ -181,8 +216,8 @@ def _same(a: Any, b: Any) -> bool:
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(experiments())
 def test_same_seed_gives_an_identical_summary(data):
-    first = simulate(validate_experiment(data))
-    second = simulate(validate_experiment(data))
+    first = simulate_data(data)
+    second = simulate_data(data)
     a, b = _without_wall_time(first.summary), _without_wall_time(second.summary)
     assert a.keys() == b.keys()
     assert all(_same(a[k], b[k]) for k in a), [k for k in a if not _same(a[k], b[k])]
@@ -255,7 +290,7 @@ def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
     fast, slow = copy.deepcopy(data), copy.deepcopy(data)
     fast["engine"]["fast_forward"] = True
     slow["engine"]["fast_forward"] = False
-    assert_same_run(simulate(validate_experiment(fast)), simulate(validate_experiment(slow)))
+    assert_same_run(simulate_data(fast), simulate_data(slow))
 
 
 def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):

@@ -18,10 +18,8 @@ from test_invariants import experiments
 
 import batchsim
 from batchsim import cli
-from batchsim.config import validate_experiment
 from batchsim.metrics.slots import SLOT_STATES, occupancy
-from batchsim.simulation import simulate
-from conftest import tiny_experiment
+from conftest import simulate_data, tiny_experiment
 
 COMPUTING = ("prefill", "chunked_prefill", "decode")
 
@@ -29,7 +27,7 @@ COMPUTING = ("prefill", "chunked_prefill", "decode")
 def recorded(exp: dict[str, Any]) -> batchsim.Result:
     exp = copy.deepcopy(exp)
     exp["metrics"] = {**exp.get("metrics", {}), "record_slots": True}
-    return simulate(validate_experiment(exp))
+    return simulate_data(exp)
 
 
 def check_occupancy(result: batchsim.Result) -> dict[str, np.ndarray]:

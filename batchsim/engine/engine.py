@@ -260,6 +260,9 @@ class Engine:
         link: ReplicaLink | None = None,
     ):
         self.scheduler = scheduler
+        self.kv_cache = scheduler.kv_cache
+        if self.kv_cache.caches_prefixes:
+            self.batch_row = self._batch_row_with_cache  # type: ignore[method-assign]
         self.cost_model = cost_model
         self.options = options
         self.link = link
@@ -342,7 +345,17 @@ class Engine:
             swap_out,
             (swap_in + swap_out) * self.options.swap_time_per_block * 1e3,
             output.num_swapped_out if output.preempted else 0,
+            0,  # num_cached_blocks and num_evicted_blocks: no prefix caching
+            0,
         )
+
+    def _batch_row_with_cache(self, output: SchedulerOutput, cpu: float) -> tuple:
+        """:meth:`batch_row` with prefix caching: the blocks cached now and those evicted
+        since the previous row (by the ``schedule()`` of this iteration)."""
+        kv = self.kv_cache
+        evicted = kv.num_evicted_blocks
+        kv.num_evicted_blocks = 0
+        return (*Engine.batch_row(self, output, cpu)[:-2], kv.num_cached_blocks, evicted)
 
     # ----------------------------------------------------------------------- internals
     def _deliver_due(self, now: float) -> None:

@@ -6,6 +6,13 @@ arithmetic lives here, including the bulk growth of a decode stretch. Capacity c
 ``(memory x gpu_memory_utilization - weights - activation reserve) / bytes per block``, per GPU
 under tensor parallelism (each GPU holds its share of every block).
 
+Automatic prefix caching (``engine.enable_prefix_caching``) is the subclass
+:class:`~batchsim.engine.prefix_cache.PrefixCachingKVCacheManager`: full blocks of shared
+content keep a key and outlive the requests that computed them, so a later request with the
+same prefix starts past them. This class answers its questions for a cache without it (no
+block is ever cached: :meth:`KVCacheManager.num_cached_prefix_blocks` is 0), so the schedulers
+make the same calls either way and runs without prefix caching pay nothing for it.
+
 This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.errors`.
 """
 
@@ -13,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -96,6 +103,16 @@ class KVCacheManager:
         watermark_blocks: Blocks admission leaves free.
     """
 
+    caches_prefixes: ClassVar[bool] = False
+    """Whether full blocks of shared content are kept for reuse (prefix caching)."""
+    num_cached_blocks: int = 0
+    """Blocks holding cached content, in use or idle (always 0 without prefix caching)."""
+    num_evicted_blocks: int = 0
+    """Cached blocks evicted since the engine last read this counter (it resets it)."""
+    num_idle_blocks: int = 0
+    """Cached blocks that no request holds: free, and reusable until evicted (always 0
+    without prefix caching)."""
+
     def __init__(
         self,
         num_blocks: int,
@@ -114,6 +131,19 @@ class KVCacheManager:
         self.num_free_cpu_blocks = num_cpu_blocks
         self.window = window
         self.watermark_blocks = watermark_blocks
+
+    @property
+    def num_empty_blocks(self) -> int:
+        """Free blocks that hold no cached content: what a decode stretch may take without
+        evicting anything (every free block without prefix caching). Hot paths compute it
+        inline as ``num_free_blocks - num_idle_blocks`` (no call)."""
+        return self.num_free_blocks - self.num_idle_blocks
+
+    def num_cached_prefix_blocks(self, request: Request) -> int:
+        """Leading full blocks of ``request``'s sequence found in this cache now, at most
+        the ``(num_tokens - 1) // block_size`` its admission could reuse (one token is always
+        computed). No state changes. Always 0 without prefix caching."""
+        return 0
 
     @property
     def num_used_blocks(self) -> int:
@@ -188,13 +218,14 @@ class KVCacheManager:
 
     def max_growth_steps(self, requests: Sequence[Request], limit: int) -> int:
         """Largest k <= ``limit`` such that ``requests`` can decode k tokens each, one per
-        iteration, without running out of blocks (the first iteration's are allocated).
+        iteration, without running out of empty blocks (the first iteration's are allocated;
+        a stretch never evicts a cached block).
 
         With a window a request's blocks go up and down; each is bounded by the most a full
         window needs, which may cut a stretch earlier than necessary (never later).
         """
         bs = self.block_size
-        free = self.num_free_blocks
+        free = self.num_free_blocks - self.num_idle_blocks  # a stretch never evicts
         cap = None if self.window is None else -(-self.window // bs) + 1
 
         def need(k: int) -> int:
@@ -259,7 +290,7 @@ class KVCacheManager:
     def max_growth_from_offsets(self, at_least: list[int], limit: int) -> int:
         """:meth:`max_growth_steps` (no window) of requests counted by offset."""
         bs = self.block_size
-        free = self.num_free_blocks
+        free = self.num_free_blocks - self.num_idle_blocks  # a stretch never evicts
         n = at_least[0]
 
         def need(k: int) -> int:

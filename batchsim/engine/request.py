@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from batchsim.engine.cohort import Cohort
@@ -60,6 +60,7 @@ _FIELDS = (
     "num_cpu_blocks",
     "num_preemptions",
     "num_swaps",
+    "num_cached_tokens",
     "first_scheduled_time",
     "first_token_time",
     "finish_time",
@@ -90,6 +91,8 @@ class Request:
         num_cpu_blocks: KV-cache blocks swapped out to host memory.
         num_preemptions: Times the request was preempted.
         num_swaps: Preemptions that swapped the KV cache out (the rest recomputed it).
+        num_cached_tokens: Tokens of its prompt found in the prefix cache when it was first
+            admitted (vLLM's name; 0 without ``engine.enable_prefix_caching``).
         first_scheduled_time: Start of the first iteration that computed tokens for the
             request (s).
         first_token_time: End of the iteration that sampled its first token (s).
@@ -114,6 +117,7 @@ class Request:
         "_joined",
         "_last",
         "_outputs",
+        "_prefix",
         "_segments",
         "_ticket",
         "arrival_time",
@@ -122,6 +126,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "max_tokens",
+        "num_cached_tokens",
         "num_cpu_blocks",
         "num_preemptions",
         "num_prompt_tokens",
@@ -155,6 +160,7 @@ class Request:
         last_token_iteration: int = -1,
         token_segments: list[int] | None = None,
         prefix_segments: tuple[tuple[int, int], ...] | None = None,
+        num_cached_tokens: int = 0,
     ):
         self.request_id = request_id
         self.arrival_time = arrival_time
@@ -168,6 +174,7 @@ class Request:
         self.num_cpu_blocks = num_cpu_blocks
         self.num_preemptions = num_preemptions
         self.num_swaps = num_swaps
+        self.num_cached_tokens = num_cached_tokens
         self.first_scheduled_time = first_scheduled_time
         self.first_token_time = first_token_time
         self.finish_time = finish_time
@@ -179,6 +186,7 @@ class Request:
         self._group: Cohort | None = None
         self._joined = 0  # cohort step at which the request joined
         self._ticket = 0  # which membership (a request may join, leave and join again)
+        self._prefix: Any = None  # its block keys and cache references (prefix caching only)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)

@@ -73,14 +73,20 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     blocks the growing contexts need, by a swapped-out request that could resume, and by the
     policy (:meth:`~Scheduler.policy_max_repeat`). 1 for anything but pure decode and for an
     iteration that preempted or swapped. External events are the engine's to cut.
+
+    With prefix caching, a stretch neither evicts a cached block (its growth takes only
+    empty blocks, and an iteration whose ``schedule()`` evicted runs alone) nor registers
+    one before its last iteration: the cached blocks stay the same throughout.
     """
+    kv = scheduler.kv_cache
+    if kv.num_evicted_blocks:
+        return 1  # its schedule() evicted cached blocks: that belongs to this iteration only
     if output.num_prefill_seqs:
         if output.num_prefill_seqs == 1 and not output.has_side_work:
             return prompt_chunk_repeat(scheduler, output)
         return 1
     if not output.num_decode_seqs or output.has_side_work:
         return 1  # preemptions and swaps belong to one iteration
-    kv = scheduler.kv_cache
     if scheduler.swapped and len(scheduler.running) < scheduler.max_num_seqs:
         head = scheduler.swapped[0]
         if kv.can_swap_in(head, head.num_computed_tokens + 1):
@@ -91,7 +97,8 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         steps = min(batch.cohort.min_remaining(), scheduler.policy_max_repeat(output))
         if steps <= 1:
             return max(1, steps)
-        if batch.members * ((steps - 1) // kv.block_size + 1) <= kv.num_free_blocks:
+        empty = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts
+        if batch.members * ((steps - 1) // kv.block_size + 1) <= empty:
             return steps  # room for a new block per member at every block boundary
         return max(1, kv.max_growth_from_offsets(batch.cohort.offsets(), steps))
     if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):
@@ -99,6 +106,9 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     else:
         steps = min(r.max_tokens - r.num_output_tokens for r in requests)
     steps = min(steps, scheduler.policy_max_repeat(output))
+    prefix = scheduler._prefix
+    if prefix is not None and steps > 1:  # the last iteration may complete a keyed block
+        steps = min(steps, min(prefix.steps_to_register(r, 1) for r in requests))
     if steps <= 1 or scheduler.reserves_full_sequence:
         return max(1, steps)
     steps = kv.max_growth_steps(requests, steps)

@@ -58,6 +58,8 @@ BATCH_COLUMNS: dict[str, str] = {
     "num_swap_out_blocks": "i4",
     "swap_time_ms": "f8",
     "num_swapped_out": "i4",
+    "num_cached_blocks": "i4",
+    "num_evicted_blocks": "i4",
 }
 """Columns that describe the batch, the same for every iteration of a run."""
 
@@ -87,6 +89,8 @@ ITERATION_COLUMNS = [
     "num_swap_out_blocks",
     "swap_time_ms",
     "num_swapped_out",
+    "num_cached_blocks",
+    "num_evicted_blocks",
 ]
 """Columns of ``iterations.csv``, in order (``bound`` is compute|memory)."""
 
@@ -635,6 +639,7 @@ REQUEST_COLUMNS = [
     "num_swaps",
     "status",
     "reject_reason",
+    "num_cached_tokens",
 ]
 
 
@@ -671,6 +676,7 @@ class RequestLog:
                 "num_swaps": "i4",
                 "status": "i1",
                 "num_segments": "i4",
+                "num_cached_tokens": "i8",
             }
         )
         # token runs' first and last iterations: arrays grown by doubling (one block of
@@ -732,6 +738,7 @@ class RequestLog:
                 r.num_swaps,
                 int(r.status),
                 num_segments,
+                r.num_cached_tokens,
             )
         )
         if num_segments:
@@ -807,6 +814,7 @@ class RequestLog:
             "num_swaps": col("num_swaps").astype(np.int64),
             "status": status,
             "reject_reason": reasons,
+            "num_cached_tokens": col("num_cached_tokens"),
         }
         if "replica" in rows.dtypes:
             out["replica"] = col("replica").astype(np.int64)

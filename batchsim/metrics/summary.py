@@ -32,6 +32,7 @@ _DONE_COLUMNS = (
     "tpot_ms",
     "e2el_ms",
     "status",
+    "num_cached_tokens",
 )
 """The columns of the finished requests the summary reads."""
 
@@ -198,6 +199,11 @@ def summarize(
             "empty_slot_fraction": 1 - it["num_seqs"] / slots if slots else 0.0,
             "compute_bound_fraction": it["num_compute_bound"] / num_iter if num_iter else 0.0,
             "max_kv_cache_usage": it["max_kv_cache_usage"],
+            # of the prompt tokens of the finished counted requests, those found cached at
+            # their first admission (0 without prefix caching)
+            "prefix_cache_hit_rate": int(done["num_cached_tokens"].sum()) / total_in
+            if total_in
+            else math.nan,
             "cpu_overhead_fraction": it["cpu_time_ms"] / it["duration_ms"] if num_iter else 0.0,
             # covered time cannot exceed the span; a sum of many iterations can by rounding
             "busy_fraction": min(1.0, it["busy_s"] / (duration * num_replicas))

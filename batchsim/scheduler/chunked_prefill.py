@@ -28,13 +28,11 @@ class ChunkedPrefillScheduler(Scheduler):
         if not preempted and self.swapped:
             budget = self.schedule_swapped(budget, requests, tokens)
         if not preempted and not self.swapped:
-            kv = self.kv_cache
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 request = self.waiting[0]
-                q = min(request.num_remaining_tokens, budget)
-                if not kv.allocate(request, request.num_computed_tokens + q, admission=True):
+                q = self.admit_waiting(request, budget, chunked=True)
+                if not q:
                     break
-                self.admit(request)
                 requests.append(request)
                 tokens.append(q)
                 budget -= q
@@ -48,8 +46,11 @@ class ChunkedPrefillScheduler(Scheduler):
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
         # A waiting request that could be admitted would change the next iteration (free
         # blocks never grow during a stretch, so checking now is enough).
-        if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
-            head = self.waiting[0]
-            if self.kv_cache.can_allocate(head, head.num_computed_tokens + 1, admission=True):
-                return 1
+        if (
+            self.waiting
+            and not self.swapped
+            and len(self.running) < self.max_num_seqs
+            and self.admit_waiting(self.waiting[0], 1, chunked=True, check_only=True)
+        ):
+            return 1
         return 1 << 62

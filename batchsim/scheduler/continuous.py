@@ -55,12 +55,11 @@ class ContinuousScheduler(Scheduler):
         max_budget = self.config.max_num_batched_tokens
         while self.waiting and num_running < self.max_num_seqs:
             request = self.waiting[0]
-            q = request.num_remaining_tokens
-            if q > token_budget and not (first and q > max_budget):
+            q = self.admit_waiting(
+                request, token_budget, over_budget_above=max_budget if first else None
+            )
+            if not q:
                 break
-            if not self.kv_cache.allocate(request, request.num_tokens, admission=True):
-                break
-            self.admit(request)
             requests.append(request)
             tokens.append(q)
             token_budget -= q
@@ -89,10 +88,18 @@ class ContinuousScheduler(Scheduler):
         return self._batch_output(requests, tokens, preempted, batch)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
+        if self._prefix is not None and len(output.requests) < len(self.running):
+            # prefills first: a recompute whose last token alone was left (its other tokens
+            # found in the prefix cache) looks like a decode, but the running decodes it
+            # stalled run with it at the next iteration
+            return 1
         # A waiting request that could be admitted would change the next iteration (free
         # blocks never grow during a stretch, so checking now is enough).
-        if self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
-            head = self.waiting[0]
-            if self.kv_cache.can_allocate(head, head.num_tokens, admission=True):
-                return 1
+        if (
+            self.waiting
+            and not self.swapped
+            and len(self.running) < self.max_num_seqs
+            and self.admit_waiting(self.waiting[0], 1 << 62, check_only=True)
+        ):
+            return 1
         return 1 << 62

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager, most_steps_that_fit, num_blocks_for
+from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
 from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
@@ -135,6 +136,11 @@ class Scheduler(abc.ABC):
             and policy.make_output is Scheduler.make_output
         )
         """The helpers are this module's (a subclass that overrides one has it called)."""
+        self._prefix: PrefixCachingKVCacheManager | None = (
+            kv_cache if isinstance(kv_cache, PrefixCachingKVCacheManager) else None
+        )
+        """The KV cache when it caches prefixes (blocks are registered as requests compute
+        them), else None."""
         self._cohort: Cohort | None = None
         """The running decodes advanced together (built-in policies that grow KV blocks as
         they decode, without a sliding window; see :mod:`batchsim.engine.cohort`)."""
@@ -279,8 +285,18 @@ class Scheduler(abc.ABC):
                 if request._outputs >= request.max_tokens:
                     assert request._outputs == request.max_tokens, "stretch overshot"
                     finished.append(request)
+        if self._prefix is not None:
+            self._register(requests)
         self._finish(finished, end)
         return finished
+
+    def _register(self, requests: list[Request]) -> None:
+        """Prefix caching: cache the keyed blocks the running ``requests`` completed."""
+        assert self._prefix is not None
+        register = self._prefix.register
+        for request in requests:
+            if request.status == RequestStatus.RUNNING:
+                register(request)
 
     def _finish(self, finished: list[Request], end: float) -> None:
         for request in finished:
@@ -368,6 +384,83 @@ class Scheduler(abc.ABC):
         assert popped is request, "admit() takes the head of the waiting queue"
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+
+    def admit_waiting(
+        self,
+        request: Request,
+        token_budget: int,
+        *,
+        chunked: bool = False,
+        over_budget_above: int | None = None,
+        reserve_tokens: int | None = None,
+        check_only: bool = False,
+    ) -> int:
+        """Admit ``request``, the head of the waiting queue, if the token budget and the KV
+        cache (above its watermark) allow; return the tokens it computes in this iteration
+        (0: not admitted, nothing changed). Every built-in policy admits through here.
+
+        With prefix caching, the leading blocks of its sequence found cached count as
+        computed (at least one token is always left to compute), the tokens scheduled are
+        what is left after them, and admission takes a reference to each (an idle cached
+        block is taken from the free blocks) and new blocks only for the rest. Its first
+        admission records ``num_cached_tokens``.
+
+        Args:
+            token_budget: Tokens the iteration has left.
+            chunked: Take what the budget allows of the prompt (else all of it or nothing).
+            over_budget_above: Whole prompts only: one longer than this (the whole budget)
+                may exceed ``token_budget`` (a recompute that could never fit otherwise).
+            reserve_tokens: KV to allocate, in tokens (default: up to the scheduled ones).
+            check_only: Only say whether it would be admitted (the tokens), changing nothing.
+        """
+        computed = request._computed  # a waiting request is in no cohort: its own fields
+        left = request.num_prompt_tokens + request._outputs - computed
+        hits = 0
+        prefix = self._prefix
+        if prefix is not None and not computed:
+            hits = prefix.num_cached_prefix_blocks(request)
+            left -= hits * prefix.block_size
+        if chunked:
+            q = left if left < token_budget else token_budget
+        elif left > token_budget and (over_budget_above is None or left <= over_budget_above):
+            return 0
+        else:
+            q = left
+        if q <= 0:
+            return 0
+        if hits:
+            return self._admit_cached(request, hits, q, reserve_tokens, check_only)
+        kv = self.kv_cache
+        tokens = computed + q if reserve_tokens is None else reserve_tokens
+        if check_only:
+            return q if kv.can_allocate(request, tokens, admission=True) else 0
+        if not kv.allocate(request, tokens, admission=True):
+            return 0
+        self.admit(request)
+        return q
+
+    def _admit_cached(
+        self,
+        request: Request,
+        hits: int,
+        q: int,
+        reserve_tokens: int | None,
+        check_only: bool,
+    ) -> int:
+        """:meth:`admit_waiting` of a request whose first ``hits`` blocks are cached."""
+        prefix = self._prefix
+        assert prefix is not None
+        cached = hits * prefix.block_size
+        tokens = cached + q if reserve_tokens is None else reserve_tokens
+        if check_only:
+            need = prefix.admission_blocks(request, tokens, hits)
+            return q if need <= prefix.num_free_blocks - prefix.watermark_blocks else 0
+        if not prefix.allocate_admission(request, tokens, hits):
+            return 0
+        if not request.num_preemptions:  # its first admission
+            request.num_cached_tokens = cached
+        self.admit(request)
+        return q
 
     def preempt(self, request: Request) -> None:
         """Evict a running request. By recompute: free its KV and send it to the front of the
@@ -503,6 +596,8 @@ class Scheduler(abc.ABC):
         alone = not self.waiting and not self.swapped and len(self.running) == batch.members + 1
         steps = full + 1 if alone else full  # the last chunk's leftover budget is not taken
         steps = min(steps, batch.cohort.min_remaining())
+        if self._prefix is not None:  # the last iteration may complete a keyed block
+            steps = min(steps, self._prefix.steps_to_register(request, q))
         if steps <= 1:
             return 1
         kv = self.kv_cache
@@ -514,7 +609,7 @@ class Scheduler(abc.ABC):
             blocks = -(-(computed + tokens) // bs) - held
             return kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
 
-        free = kv.num_free_blocks
+        free = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts a cached block
         prompt_blocks = max(0, -(-(computed + remaining) // bs) - held)
         most = batch.members * ((steps - 1) // bs + 1) + prompt_blocks  # >= need(steps)
         if most <= free:
@@ -528,7 +623,8 @@ class Scheduler(abc.ABC):
         for i, request in enumerate(self.running):
             if request._group is cohort:
                 continue
-            if cohort.can_join(request):
+            # (a request with keyed blocks left to compute registers them on its own)
+            if cohort.can_join(request) and (self._prefix is None or self._prefix.settled(request)):
                 cohort.join(request)
             else:
                 loose.append((i, request))
@@ -735,6 +831,8 @@ class Scheduler(abc.ABC):
                 if request.num_output_tokens >= request.max_tokens:
                     assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     done.append((i, request))
+        if others and self._prefix is not None:
+            self._register([request for _, request, _ in others])
         members = cohort.pop_finished()
         if members:
             if len(members) > 8:

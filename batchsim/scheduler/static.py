@@ -62,15 +62,17 @@ class StaticScheduler(Scheduler):
                 break
             candidates.append(request)
             longest_prompt, longest_output, packed_need = prompt, output, packed_need + own
+        # With prefix caching the check above counts whole reservations, cached blocks
+        # included (what each request reuses only lowers what it takes), so the batch is the
+        # one formed without caching; then each member reuses its cached leading blocks.
         for request in candidates:
             tokens = (
                 longest_prompt + longest_output
                 if pad
                 else request.num_prompt_tokens + request.max_tokens
             )
-            reserved = kv.allocate(request, tokens, admission=True)
+            reserved = self.admit_waiting(request, 1 << 62, reserve_tokens=tokens)
             assert reserved, "the reservation was checked above"
-            self.admit(request)
         return candidates
 
     def schedule(self, now: float) -> SchedulerOutput:
