@@ -117,7 +117,8 @@ def test_power_of_two_never_picks_the_busiest_and_picks_the_idlest_half_the_time
 
 def test_prefix_aware_prefers_cached_blocks_within_the_load_bound():
     route = router("prefix_aware", 4, load_slack=0.5)
-    # mean load 2: the bound is 3; replica 3 holds the most blocks but has 5 in flight
+    # mean load 2: the bound is 1.5 x 2 + 1 = 4; replica 3 holds the most blocks but has 5 in
+    # flight
     assert route(None, views(1, 2, 0, 5, cached=(4, 6, 0, 9)), 0.0) == 1
     # equal cached blocks: the one with fewer in flight
     assert route(None, views(2, 1, 3, 2, cached=(6, 6, 0, 6)), 0.0) == 1
@@ -433,7 +434,7 @@ def test_replica_table_adds_up_to_the_cluster_summary():
     assert table["busy_fraction"].mean() == pytest.approx(summary["busy_fraction"])
     assert table["num_gpu_blocks"].sum() == summary["num_gpu_blocks"]
     assert table["num_preemptions"].sum() == summary["num_preemptions"]
-    assert table["prefix_cache_hit_rate"].isna().all()  # no prefix caching yet
+    assert (table["prefix_cache_hit_rate"] == 0.0).all()  # prefix caching is off
     # each replica's own batch cap
     it = result.iterations
     assert it.loc[it["replica"] == 2, "num_seqs"].max() <= 4
@@ -541,3 +542,32 @@ def test_a_request_routed_during_a_stretch_cuts_it_at_the_next_iteration_end(
         assert req.loc[rid, "first_scheduled_time_s"] == pytest.approx(boundary, abs=1e-12)
     slow = sim({**data, "engine": {"fast_forward": False}})
     assert_same_run(result, slow)
+
+
+def test_prefix_aware_routing_raises_the_hit_rate_over_round_robin():
+    # Eight tenants, each with its own 1,024-token system prompt, over four replicas with
+    # prefix caching. Round robin sends every tenant to every replica, so each replica computes
+    # every prompt once; prefix_aware sends a tenant back where its prompt is cached.
+    data = tiny_experiment(
+        workload={
+            "num_requests": 240,
+            "arrival": {"process": "poisson", "rate": 20.0},
+            "prompt_tokens": {"dist": "uniform", "min": 16, "max": 64},
+            "output_tokens": {"dist": "uniform", "min": 4, "max": 16},
+            "shared_prefix": {"count": 8, "tokens": {"dist": "fixed", "value": 1024}},
+        }
+    )
+    data["engine"] = {"enable_prefix_caching": True}
+    rates = {}
+    for name in ("round_robin", "prefix_aware"):
+        result = sim(with_cluster(data, replicas=4, router=name))
+        req = result.requests
+        done = req["status"] == "finished"
+        # the summary's rate is the cached share of the finished requests' prompt tokens
+        expected = req.loc[done, "num_cached_tokens"].sum() / req.loc[done, "prompt_tokens"].sum()
+        assert result.summary["prefix_cache_hit_rate"] == pytest.approx(expected)
+        rates[name] = expected
+        assert req["replica"].nunique() == 4  # every replica serves
+    # round robin: 8 tenants x 4 replicas = 32 prompts computed of 240 requests (a rate near
+    # 0.83); prefix_aware computes each tenant's prompt about once (near 0.93)
+    assert rates["round_robin"] < 0.85 and rates["prefix_aware"] > 0.9, rates

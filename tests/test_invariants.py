@@ -365,7 +365,7 @@ def run_cluster(data: dict[str, Any]) -> tuple[Result, list[Engine]]:
             engines.append(self)
 
     with mock.patch.object(replicas_module, "Engine", RecordingEngine):
-        result = simulate(validate_experiment(data))
+        result = simulate_data(data)
     return result, engines
 
 
@@ -407,6 +407,6 @@ def test_fast_forward_equals_stepping_on_clusters(data):
     fast, slow = copy.deepcopy(data), copy.deepcopy(data)
     fast["engine"]["fast_forward"] = True
     slow["engine"]["fast_forward"] = False
-    a, b = simulate(validate_experiment(fast)), simulate(validate_experiment(slow))
+    a, b = simulate_data(fast), simulate_data(slow)
     assert_same_run(a, b)
     assert a.requests["replica"].tolist() == b.requests["replica"].tolist()

@@ -6,7 +6,7 @@
       replicas: 4                        # N replicas, each the experiment's engine
       router: least_outstanding          # or package.module:Class
       router_overhead_ms: 0              # routing -> delivery to the replica
-      load_slack: 0.5                    # prefix_aware: skip replicas above (1 + s) x mean load
+      load_slack: 0.5                    # prefix_aware: skip replicas above (1 + s) x mean load + 1
       seed: null                         # the router's random stream (default: the run's seed)
       router_options: {}                 # free-form settings for a router written elsewhere
 
@@ -80,7 +80,8 @@ class ClusterConfig(ConfigModel):
     it counts in the request's TTFT and queueing delay."""
     load_slack: StrictFloat = Field(0.5, ge=0, le=1e6)
     """``prefix_aware``: replicas with more than (1 + load_slack) x the mean number of
-    requests in flight are skipped, so one cached prefix cannot swamp one replica."""
+    requests in flight, plus one, are skipped, so one cached prefix cannot swamp one
+    replica."""
     seed: StrictInt | None = Field(None, ge=0, le=2**64 - 1)
     """Seed of the router's random stream (``random``, ``power_of_two``); default: the
     experiment's ``seed``."""

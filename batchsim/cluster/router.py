@@ -18,8 +18,8 @@ Built-in routers (``cluster.router``), one class each:
 - ``power_of_two``: two distinct replicas at random, the one with fewer in flight (Mitzenmacher's
   power of two choices).
 - ``prefix_aware``: the most cached blocks of the request's prefix, among the replicas whose
-  load stays within ``(1 + cluster.load_slack) x`` the mean requests in flight (ties: fewest
-  in flight).
+  load stays within ``(1 + cluster.load_slack) x`` the mean requests in flight plus one (ties:
+  fewest in flight).
 
 Remaining ties go to the first replica after the one chosen last (in index order), so equal
 replicas share the load instead of the first one taking it all. Randomness comes from the
@@ -142,7 +142,9 @@ class PrefixAware(Router):
 
     def route(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
         loads = [r.outstanding for r in replicas]
-        bound = (1.0 + self.config.load_slack) * sum(loads) / len(loads)
+        # one request over the relative bound is always allowed: at light load (a mean of
+        # about one in flight) the relative bound alone would scatter every prefix
+        bound = (1.0 + self.config.load_slack) * sum(loads) / len(loads) + 1.0
         inf = float("inf")
 
         def key(r: ReplicaView) -> tuple[float, float]:
