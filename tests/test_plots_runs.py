@@ -444,6 +444,36 @@ def test_kv_usage_is_each_iterations_value(folders):
         assert math.isclose(step_value(usage, middle), row["kv_cache_usage"], rel_tol=1e-6)
 
 
+def test_kv_draws_the_cached_prefix_blocks_of_a_prefix_caching_run(tmp_path):
+    # four tenants' 512-token system prompts: with caching the pool keeps their blocks
+    data = tiny_experiment(
+        workload={
+            "num_requests": 40,
+            "arrival": {"process": "poisson", "rate": 5.0},
+            "prompt_tokens": {"dist": "uniform", "min": 16, "max": 64},
+            "output_tokens": {"dist": "uniform", "min": 4, "max": 16},
+            "shared_prefix": {"count": 4, "tokens": {"dist": "fixed", "value": 512}},
+        },
+        engine={"enable_prefix_caching": True},
+    )
+    result = batchsim.run(data, tmp_path / "cached")
+    fig = draw("kv", tmp_path / "cached")
+    lines = labelled(fig.axes[0])
+    rate = result.summary["prefix_cache_hit_rate"]
+    cached = lines[f"cached prefix blocks (held or idle); hit rate {rate:.0%}"]
+    iterations = pd.read_csv(tmp_path / "cached" / "iterations.csv")
+    blocks = result.summary["num_gpu_blocks"]
+    for _, row in iterations.iloc[:: max(1, len(iterations) // 20)].iterrows():
+        middle = row["start_time_s"] + row["duration_ms"] / 2e3
+        expected = row["num_cached_blocks"] / blocks
+        assert math.isclose(step_value(cached, middle), expected, rel_tol=1e-9)
+    assert iterations["num_cached_blocks"].max() >= 4 * 512 // 16  # the four prompts
+
+
+def test_kv_has_no_cached_line_without_prefix_caching(folders):
+    assert not any(k.startswith("cached") for k in labelled(draw("kv", folders["static"]).axes[0]))
+
+
 def test_kv_zooms_on_the_window_and_refuses_an_empty_one(folders):
     iterations = pd.read_csv(folders["pressure"] / "iterations.csv")
     t0 = float(iterations["start_time_s"].iloc[len(iterations) // 3])

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from batchsim.errors import ConfigError
 from batchsim.metrics.slots import SLOT_COLUMNS, SLOT_STATES
@@ -418,6 +419,11 @@ def _set_x_scale(ax: Axes, samples: list[np.ndarray]) -> None:
     lo, hi = float(values.min()), float(values.max())
     if lo > 0 and hi / lo >= 10:
         ax.set_xscale("log")
+        # plain numbers at 1-2-5 steps: matplotlib's own labels of the minor ticks of an
+        # axis spanning one or two decades overlap
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _describe(runs: list[Run]) -> str:

@@ -5,6 +5,11 @@ Top panel: KV-cache usage (the fraction of GPU KV blocks in use, ``iterations.cs
 curve at each iteration that preempted requests (``num_preempted`` > 0; the count is written
 beside the marker when it is more than one and there are few such markers).
 
+With prefix caching (``engine.enable_prefix_caching``), a second line gives the blocks that
+hold cached prefix content (``num_cached_blocks``: held by requests, or idle and reusable
+until evicted) as a fraction of the pool, with the run's hit rate in its label: idle cached
+blocks count as free, so usage alone hides them.
+
 A cluster run (``cluster:``) draws the mean usage of its replicas and the sum of their
 batches.
 
@@ -60,6 +65,7 @@ PREEMPTION_COLOR = OKABE_ITO[1]
 RUNNING_COLOR = OKABE_ITO[0]
 ADMITTED_COLOR = OKABE_ITO[5]
 WAITING_COLOR = OKABE_ITO[3]
+CACHED_COLOR = OKABE_ITO[4]
 
 _ABOVE: dict[str, Any] = {
     "loc": "lower left",
@@ -131,6 +137,14 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             ]
         )
     bins.step(top, x, y, color=USAGE_COLOR, label=usage_label, linewidth=1.2)
+    cached = _cached_fraction(run, iterations)
+    if cached is not None and replicas is None:
+        x, y = _window(start_s, cached, t0, t1, before=0.0)
+        rate = run.summary.get("prefix_cache_hit_rate")
+        label = "cached prefix blocks (held or idle)"
+        if isinstance(rate, (int, float)):
+            label += f"; hit rate {rate:.0%}"
+        bins.step(top, x, y, color=CACHED_COLOR, label=label, linewidth=1.2, linestyle="--")
     top.axhline(1.0, color="0.5", linewidth=0.8, linestyle="--")
     _draw_preemptions(top, iterations["num_preempted"].to_numpy(dtype=np.int64), start_s, t0, t1)
     top.set_ylabel("KV-cache usage\n(fraction of blocks)")
@@ -158,6 +172,17 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         + (f"\n{note}; KV usage and batch size drawn from it" if note else "")
     )
     return fig
+
+
+def _cached_fraction(run: Run, iterations: pd.DataFrame) -> np.ndarray | None:
+    """``num_cached_blocks`` over the pool, for a run with prefix caching (else None)."""
+    if "num_cached_blocks" not in iterations.columns:
+        return None
+    blocks = run.summary.get("num_gpu_blocks")
+    cached = iterations["num_cached_blocks"].to_numpy(dtype=float)
+    if not isinstance(blocks, (int, float)) or blocks <= 0 or not cached.any():
+        return None
+    return cached / float(blocks)
 
 
 # --------------------------------------------------------------------------- counts over time
