@@ -239,7 +239,8 @@ def _engine_line(config: Any, setup: Any) -> str:
     )
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -593,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--workers",
-            type=_positive_int,
+            type=positive_int,
             metavar="N",
             help="parallel simulations (default: the cores of this machine; 1 runs them in "
             "this process)",
@@ -626,7 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
     study_arguments(p, "sweep")
     p.add_argument(
         "--seeds",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="repeat every point with seeds seed, seed+1, ..., seed+N-1; sweep_stats.csv gets "
         "each metric's mean and 95%% confidence interval",

@@ -426,6 +426,18 @@ def _key_parts(path: str) -> list[str]:
 # ------------------------------------------------------------------------------- plain data
 
 
+def check_plain_data(value: Any) -> Any:
+    """``value`` if it keeps every rule of :func:`data_problem`; otherwise raise the
+    :class:`~batchsim.validation.FieldError` that names the first rule it breaks (a pydantic
+    validator of free-form settings: a policy's or a router's ``options``)."""
+    from batchsim.validation import FieldError
+
+    problem = data_problem(value)
+    if problem is not None:
+        raise FieldError(*problem)
+    return value
+
+
 def data_problem(value: Any) -> tuple[str, str] | None:
     """The first shape or number rule (nesting, size, string keys, finite numbers, plain
     types) that ``value`` breaks: ``(key path, rest of the sentence)``, or None.

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchsim.cli import positive_int
 from batchsim.dtypes import WEIGHT_DTYPES
 from batchsim.errors import ConfigError
 
@@ -44,16 +45,6 @@ EPILOG = (
     "output_len, set) or from --model, --tp, --batch-size, --input-len, --output-len. "
     "Example: batchsim calibrate --hardware a100-80gb --ops my_measurements/ -o my-gpu.yaml"
 )
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--folds",
-        type=_count,
+        type=positive_int,
         default=5,
         metavar="K",
         help="folds of the held-out error (default 5; 1: no held-out error)",
@@ -110,15 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bf16",
         help="weight dtype of the measured kernels (default bf16; fp16 prices the same)",
     )
-    parser.add_argument("--tp", type=_count, metavar="N", help="--e2e: tensor-parallel degree")
     parser.add_argument(
-        "--batch-size", type=_count, metavar="N", help="--e2e: benchmark_latency --batch-size"
+        "--tp", type=positive_int, metavar="N", help="--e2e: tensor-parallel degree"
     )
     parser.add_argument(
-        "--input-len", type=_count, metavar="N", help="--e2e: prompt tokens per request"
+        "--batch-size", type=positive_int, metavar="N", help="--e2e: benchmark_latency --batch-size"
     )
     parser.add_argument(
-        "--output-len", type=_count, metavar="N", help="--e2e: output tokens per request"
+        "--input-len", type=positive_int, metavar="N", help="--e2e: prompt tokens per request"
+    )
+    parser.add_argument(
+        "--output-len", type=positive_int, metavar="N", help="--e2e: output tokens per request"
     )
 
 

@@ -42,7 +42,7 @@ from batchsim.validation import (
     format_value,
     number_problem,
 )
-from batchsim.yamlio import data_problem
+from batchsim.yamlio import check_plain_data
 
 if TYPE_CHECKING:
     from batchsim.config import ExperimentConfig
@@ -122,10 +122,7 @@ class ClusterConfig(ConfigModel):
     @field_validator("router_options")
     @classmethod
     def _plain_bounded_data(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problem = data_problem(value)
-        if problem is not None:
-            raise FieldError(*problem)
-        return value
+        return check_plain_data(value)
 
     @property
     def groups(self) -> list[ReplicaGroup]:

@@ -35,12 +35,11 @@ from batchsim.validation import (
     MAX_BATCH_TOKENS,
     MAX_MS,
     MAX_REQUESTS,
-    FieldError,
     StrictBool,
     StrictFloat,
     StrictInt,
 )
-from batchsim.yamlio import data_problem
+from batchsim.yamlio import check_plain_data
 
 
 class SchedulerConfig(BaseModel):
@@ -74,10 +73,7 @@ class SchedulerConfig(BaseModel):
     @field_validator("options")
     @classmethod
     def _plain_bounded_data(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problem = data_problem(value)
-        if problem is not None:
-            raise FieldError(*problem)
-        return value
+        return check_plain_data(value)
 
 
 class Scheduler(abc.ABC):
