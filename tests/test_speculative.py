@@ -366,3 +366,32 @@ def test_speculative_scheduler_is_a_builtin_policy_for_the_engine():
         simulate_data(spec_experiment())
     assert isinstance(engines[0].scheduler, SpeculativeScheduler)
     assert not engines[0].guarded
+
+
+def test_slots_rebuild_the_itl_of_output_chunks():
+    # the timeline's slots sample one chunk per decode iteration: the ITL they rebuild is the
+    # summary's, chunk by chunk
+    from batchsim.plots.cdf import inter_token_gaps, token_times
+
+    data = spec_experiment()
+    data["metrics"] = {"record_slots": True}
+    result = simulate_data(data)
+    ids, times = token_times(result.slots, result.iterations)
+    gaps = inter_token_gaps(ids, times)
+    assert gaps.mean() * 1e3 == pytest.approx(result.summary["mean_itl_ms"], rel=1e-9)
+    assert len(gaps) < result.summary["total_output_tokens"] - result.summary["completed"]
+
+
+def test_bad_speculative_setting_exits_2_with_one_line(tmp_path, capsys):
+    from batchsim import cli
+    from batchsim.yamlio import dump
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(dump(spec_experiment()), encoding="utf-8")
+    code = cli.main(
+        ["run", str(path), "-o", str(tmp_path / "out"), "--set", "scheduler.policy=static"]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert "engine.speculative needs scheduler.policy continuous or chunked_prefill" in err
+    assert len(err.splitlines()) == 1
