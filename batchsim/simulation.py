@@ -56,6 +56,12 @@ from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import _jsonable, write_csv, write_parquet
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.registry import load_policy
+from batchsim.scheduler.speculative import (
+    SPECULATIVE_POLICIES,
+    SpeculativeScheduler,
+    Speculator,
+    speculative_policy,
+)
 from batchsim.workload import generate, trace_notes
 
 if TYPE_CHECKING:
@@ -409,6 +415,8 @@ class Setup:
     """Host swap space in KV blocks (``preemption_mode: swap`` only)."""
     swap_time_per_block: float = 0.0
     """Seconds to copy one KV block of one GPU over the host link."""
+    draft_cost_model: RooflineCostModel | None = None
+    """Speculative decoding's draft model on the same GPUs (``method: draft``)."""
 
 
 def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> Setup:
@@ -425,14 +433,21 @@ def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> 
     cost_model = RooflineCostModel(
         model, hardware, tp=tp, dtype=engine.dtype, kv_dtype=engine.kv_cache_dtype
     )
+    draft = draft_cost_model(config, hardware, model) if engine.speculative else None
+    # the draft model's weights sit next to the target's; each block holds both KVs
+    kv_bytes_per_token = cost_model.kv_bytes_per_token_per_gpu
+    weight_bytes = cost_model.weight_bytes_per_gpu
+    if draft is not None:
+        kv_bytes_per_token += draft.kv_bytes_per_token_per_gpu
+        weight_bytes += draft.weight_bytes_per_gpu
     if engine.num_gpu_blocks is not None:
         blocks = engine.num_gpu_blocks
     else:
-        block_bytes = cost_model.kv_bytes_per_token_per_gpu * engine.block_size
+        block_bytes = kv_bytes_per_token * engine.block_size
         blocks = kv_capacity_blocks(
             memory_bytes=hardware.memory_capacity,
             gpu_memory_utilization=engine.gpu_memory_utilization,
-            weight_bytes=cost_model.weight_bytes_per_gpu,
+            weight_bytes=weight_bytes,
             activation_reserve_bytes=activation_reserve_bytes(model, config, tp),
             block_bytes=block_bytes,
         )
@@ -450,11 +465,43 @@ def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> 
                 f"{hardware.name} has no host_bandwidth_gb_s; add it to the profile or use "
                 "preemption_mode: recompute"
             )
-        block_bytes = cost_model.kv_bytes_per_token_per_gpu * engine.block_size
+        block_bytes = kv_bytes_per_token * engine.block_size
         cpu_blocks = int(engine.swap_space_gib * 2**30 // block_bytes)
         link = hardware.host_bandwidth * hardware.efficiency["host_transfer_efficiency"]
         swap_time = block_bytes / link
-    return Setup(config, hardware, model, cost_model, blocks, cpu_blocks, swap_time)
+    return Setup(config, hardware, model, cost_model, blocks, cpu_blocks, swap_time, draft)
+
+
+def draft_cost_model(
+    config: ExperimentConfig, hardware: HardwareProfile, model: ModelSpec
+) -> RooflineCostModel | None:
+    """The draft model of ``engine.speculative`` on the target's GPUs (None without one);
+    raises ConfigError for a setting speculative decoding does not run with."""
+    spec = config.engine.speculative
+    assert spec is not None
+    policy = config.scheduler.policy
+    if policy not in SPECULATIVE_POLICIES:
+        allowed = " or ".join(SPECULATIVE_POLICIES)
+        raise ConfigError(f"engine.speculative needs scheduler.policy {allowed}, got {policy}")
+    if model.sliding_window is not None:
+        raise ConfigError(
+            f"engine.speculative is not supported with a sliding-window model ({model.name}: "
+            f"sliding_window {model.sliding_window} tokens)"
+        )
+    if spec.draft_model is None:
+        return None
+    draft = load_model(spec.draft_model, key="engine.speculative.draft_model")
+    engine = config.engine
+    try:
+        return RooflineCostModel(
+            draft,
+            hardware,
+            tp=config.parallel.tensor_parallel_size,
+            dtype=engine.dtype,
+            kv_dtype=engine.kv_cache_dtype,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"engine.speculative.draft_model {draft.name}: {exc.message}") from None
 
 
 def engine_parts(
@@ -483,7 +530,13 @@ def engine_parts(
             watermark_blocks=watermark,
         )
     max_len = engine_cfg.max_model_len or setup.model.max_position_embeddings
+    spec = engine_cfg.speculative
+    if spec is not None:
+        policy_cls = speculative_policy(policy_cls)
     scheduler = policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
+    if spec is not None:
+        assert isinstance(scheduler, SpeculativeScheduler)
+        scheduler.speculator = Speculator(spec, config.seed, setup.draft_cost_model)
     options = EngineOptions(
         cpu_overhead_base=(
             engine_cfg.cpu_overhead_ms / 1e3
@@ -533,7 +586,7 @@ def simulate(
     if progress is not None:
         progress.stage("summarizing")
     request_log, iterations, slot_log = engine.request_log, engine.iterations, engine.slot_log
-    del engine, table, scheduler  # the workload and the simulator: not needed any more
+    del engine, table  # the workload and the simulator: not needed any more
     requests = request_log.to_columns()
     summary = summarize(
         request_log,
@@ -545,10 +598,13 @@ def simulate(
         request_rate=_request_rate(config),
         hand_over=True,
     )
+    if isinstance(scheduler, SpeculativeScheduler):
+        summary.update(scheduler.speculator.summary())
     summary["num_gpu_blocks"] = kv.num_blocks
     summary["kv_cache_capacity_tokens"] = kv.capacity_tokens
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")  # as config.yaml: every key
+    del scheduler
     notes = unused_key_notes(config, policy_cls) + trace_notes(config.workload, base_dir)
     del request_log  # its token runs: only the summary needs them
     slots = slot_log.to_columns() if slot_log is not None else None
@@ -633,6 +689,8 @@ def _simulate_cluster(
         hand_over=True,
         num_replicas=len(run.replicas),
     )
+    if run.speculative is not None:
+        summary.update(run.speculative)
     summary["num_gpu_blocks"] = sum(r.num_gpu_blocks for r in run.replicas)
     summary["kv_cache_capacity_tokens"] = run.capacity_tokens
     replicas = replica_table(run.replicas, requests, metrics.warmup_s, metrics.cooldown_s)

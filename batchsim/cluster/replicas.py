@@ -22,6 +22,7 @@ from batchsim.errors import ConfigError
 from batchsim.metrics.logs import IterationLog, RequestLog
 from batchsim.metrics.replicas import ReplicaRecord
 from batchsim.scheduler.registry import load_policy
+from batchsim.scheduler.speculative import SpeculativeScheduler, summary_of
 from batchsim.simulation import Setup, build, engine_parts, unused_key_notes
 from batchsim.workload import RequestTable
 
@@ -42,6 +43,8 @@ class ClusterRun:
     capacity_tokens: int
     """KV-cache capacity of the whole cluster (tokens)."""
     notes: list[str] = field(default_factory=list)
+    speculative: dict[str, float] | None = None
+    """Speculative decoding's summary over every replica (None without it)."""
 
 
 def run_cluster(
@@ -92,7 +95,11 @@ def run_cluster(
     ]
     request_log = RequestLog.concatenate([e.request_log for e in engines], offsets)
     iterations = IterationLog.concatenate([e.iterations for e in engines])
-    return ClusterRun(request_log, iterations, records, capacity, notes)
+    speculators = [
+        e.scheduler.speculator for e in engines if isinstance(e.scheduler, SpeculativeScheduler)
+    ]
+    speculative = summary_of(speculators) if speculators else None
+    return ClusterRun(request_log, iterations, records, capacity, notes, speculative)
 
 
 def build_groups(config: ExperimentConfig) -> list[tuple[int, ExperimentConfig, Setup]]:

@@ -60,6 +60,7 @@ import numpy as np
 import simpy
 
 from batchsim.cost import RooflineCostModel
+from batchsim.cost.costs import StepCost
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
@@ -289,9 +290,11 @@ class Engine:
             self.stretch.log = link.attach(self)  # a stretch is logged when it ends
         self.policy_name = f"{policy.__module__}:{policy.__qualname__}"
         self.slot_log = SlotLog() if options.record_slots else None
-        self.guarded = policy not in POLICIES.values()
+        self.guarded = getattr(policy, "speculative_base", policy) not in POLICIES.values()
         """Check the policy at every call (policies written outside batchsim)."""
         self.on_step = on_step
+        if getattr(scheduler, "speculator", None) is not None:
+            self._price_step = self._price_speculative_step  # type: ignore[method-assign]
 
     def run(self) -> None:
         """Simulate until every request has finished, been rejected or been cancelled."""
@@ -503,6 +506,35 @@ class Engine:
             run_row(now, 1, duration, cost, self.batch_row(output, cpu)),
             self.scheduler.kv_cache.usage,
         )
+        return StepTimes(first, now, now + duration)
+
+    def _price_speculative_step(self, output: SchedulerOutput, now: float) -> StepTimes:
+        """:meth:`_price_step` of a speculative run: the proposals (draft model or proposer)
+        run on the GPU before the target's verification pass; the iteration row counts the
+        verification rows as decode tokens."""
+        cost = self.cost_model.step_cost(output.shape)
+        propose = getattr(output, "propose_cost", None)
+        if propose is not None:
+            cost = StepCost(
+                cost.time + propose.time,
+                cost.flops + propose.flops,
+                cost.bytes + propose.bytes,
+                cost.weight_bytes + propose.weight_bytes,
+                cost.kv_bytes + propose.kv_bytes,
+                cost.margin,
+            )
+        cpu = self.cpu_time(output.num_seqs)
+        swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
+            self.options.swap_time_per_block
+        )
+        overlap = self.options.async_scheduling and now == self._last_end
+        duration = self.duration(cpu, cost.time + swap, overlap)
+        first = self.iterations.num_rows
+        row = self.batch_row(output, cpu)
+        verify = getattr(output, "num_verify_tokens", 0)
+        if verify:  # (num_prefill_tokens, num_decode_tokens) at 5 and 6
+            row = (*row[:5], row[5] - verify, row[6] + verify, *row[7:])
+        self.iterations.append(run_row(now, 1, duration, cost, row), self.kv_cache.usage)
         return StepTimes(first, now, now + duration)
 
     # ------------------------------------------------------------------ the guard

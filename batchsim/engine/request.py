@@ -274,6 +274,13 @@ class Request:
         self._last = first_iteration + num_tokens - 1
         self._outputs += num_tokens
 
+    def record_burst(self, iteration: int, num_tokens: int, end_time: float) -> None:
+        """``num_tokens`` sampled together at ``iteration`` (speculative decoding's accepted
+        tokens): one output chunk. Token runs hold the iterations that sampled, so the
+        burst is one inter-token gap while it counts ``num_tokens`` output tokens."""
+        self.record_tokens(iteration, 1, end_time)
+        self._outputs += num_tokens - 1
+
     def closed_segments(self) -> list[int]:
         """:attr:`token_segments` with the open last run closed."""
         last = self.last_token_iteration

@@ -139,8 +139,8 @@ def _state(request: Request, num_tokens: int) -> int:
     """The state of a scheduled request computing ``num_tokens`` tokens this iteration."""
     if num_tokens < request.num_remaining_tokens:
         return _CHUNK
-    if num_tokens == 1 and request.num_output_tokens > 0:
-        return _DECODE
+    if request.num_remaining_tokens == 1 and request.num_output_tokens > 0:
+        return _DECODE  # one token, or a speculative verification of several
     return _PREFILL
 
 
