@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 import typing
 from pathlib import Path
 
@@ -269,3 +270,36 @@ def test_launch_overhead_key_replaces_the_profiles():
 def test_shipped_catalog_folder_exists_next_to_the_other_catalogs():
     root = Path(__file__).resolve().parent.parent
     assert sorted(p.stem for p in (root / "frameworks").glob("*.yaml")) == sorted(NAMES)
+
+
+# ----------------------------------------------------------------- the validation script
+
+
+def _validation_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "validate_published.py"
+    spec = importlib.util.spec_from_file_location("validate_published", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_published_row_has_a_source_and_a_valid_experiment():
+    module = _validation_module()
+    assert 10 <= len(module.ROWS) <= 30
+    for row in module.ROWS:
+        assert row.url.startswith("https://")
+        assert row.value > 0 and row.framework in NAMES
+        config = validate_experiment(module.experiment(row))
+        assert config.engine.framework == row.framework
+        assert config.workload.num_requests == row.batch
+
+
+def test_a_published_latency_row_simulates_to_its_metric():
+    module = _validation_module()
+    row = next(r for r in module.ROWS if r.metric == "ttft_ms" and r.model == "llama-2-7b")
+    result = simulate_data(module.experiment(row))
+    assert module.simulated(row) == result.summary["mean_ttft_ms"] > 0
