@@ -303,3 +303,14 @@ def test_a_published_latency_row_simulates_to_its_metric():
     row = next(r for r in module.ROWS if r.metric == "ttft_ms" and r.model == "llama-2-7b")
     result = simulate_data(module.experiment(row))
     assert module.simulated(row) == result.summary["mean_ttft_ms"] > 0
+
+
+def test_a_cluster_group_cannot_change_the_preset():
+    data = tiny_experiment(engine={"framework": "vllm-v1"})
+    data["cluster"] = {
+        "replicas": [{"count": 1}, {"count": 1, "engine": {"framework": "sglang"}}],
+    }
+    with pytest.raises(ConfigError, match=r"cluster\.replicas\[1\]\.engine\.framework"):
+        simulate_data(data)
+    data["cluster"]["replicas"][1]["engine"] = {"framework": "vllm-v1", "block_size": 32}
+    assert simulate_data(data).summary["completed"] == 60
