@@ -31,7 +31,7 @@ COMMANDS = (
     "calibrate",
     "list",
 )
-LIST_KINDS = ("hardware", "models", "policies", "workloads")
+LIST_KINDS = ("hardware", "models", "frameworks", "policies", "workloads")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -273,6 +273,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
         from batchsim.catalog.model import model_table
 
         _print_rows(model_table())
+    elif args.kind == "frameworks":
+        from batchsim.catalog.frameworks import framework_table
+
+        _print_rows(framework_table())
+        print(
+            "\nengine.framework: NAME fills the keys above that the experiment does not set "
+            "(experiment key > preset > hardware profile); sources in frameworks/NAME.yaml"
+        )
     elif args.kind == "policies":
         from batchsim.scheduler.registry import POLICIES
 

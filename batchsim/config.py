@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from batchsim.catalog import catalog_dir
+from batchsim.catalog.frameworks import apply_framework
 from batchsim.cluster.config import ClusterConfig, check_cluster
 from batchsim.errors import ConfigError
 from batchsim.scheduler.interface import SchedulerConfig
@@ -54,6 +55,7 @@ _NAME_PATTERN = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1
 
 WeightDtype = Literal["fp16", "bf16", "fp8", "int8", "int4"]
 KvDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
+FrameworkName = Literal["vllm-v0", "vllm-v1", "sglang", "tensorrt-llm", "lmdeploy"]
 
 
 class ParallelConfig(ConfigModel):
@@ -183,6 +185,20 @@ class EngineConfig(ConfigModel):
     Used with ``scheduler.preemption_mode: swap``."""
     async_scheduling: StrictBool = False
     """Overlap the CPU work of an iteration with the previous GPU step (vLLM V1 async)."""
+    framework: FrameworkName | None = None
+    """Serving-engine preset (``frameworks/NAME.yaml``, ``batchsim list frameworks``): fills
+    every ``engine.*`` and ``scheduler.*`` key it sets that the experiment does not set.
+    Precedence: experiment key (or ``--set``) > preset > hardware profile."""
+    all_reduce_latency_us: StrictFloat | None = Field(None, ge=0, le=MAX_STEP_MS * 1e3)
+    """Fixed time per tensor-parallel all-reduce (us); default: the hardware profile's
+    ``efficiency.interconnect_latency_us`` (NCCL)."""
+    launch_overhead_ms: StrictFloat | None = Field(None, ge=0, le=MAX_STEP_MS)
+    """Fixed GPU-side time per forward pass (ms); default: the hardware profile's
+    ``efficiency.launch_overhead_ms``."""
+    cuda_graph_max_batch_size: StrictInt | None = Field(None, ge=0, le=MAX_TOKENS)
+    """Largest CUDA-graph batch size: a decode-only iteration of n <= this requests runs as
+    the next captured size (1, 2, 4, then multiples of 8, vLLM) and the added rows count as
+    padding tokens; larger batches run unpadded. None or 0: no padding."""
     fast_forward: StrictBool = True
     """Advance decode-only stretches in one step, for policies that declare
     ``decode_stretches`` (same results; off only to cross-check)."""
@@ -539,6 +555,10 @@ def validate_experiment(
     _expand_workload(raw, base, source)
     _absolutize(raw, base)
     try:
+        apply_framework(raw, _policy_keys)
+    except ConfigError as exc:
+        raise _located(exc.message, source, text, overridden) from None
+    try:
         config = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
         err = config_error_from_pydantic(exc, "", None, model=ExperimentConfig)
@@ -549,6 +569,15 @@ def validate_experiment(
     except ConfigError as exc:
         raise _located(exc.message, source, text, overridden) from None
     return config
+
+
+def _policy_keys(policy: Any) -> frozenset[str] | None:
+    """The scheduler keys ``policy`` reads, or None if it cannot be loaded (the schema then
+    reports the policy)."""
+    try:
+        return load_policy(policy).config_keys
+    except (ConfigError, TypeError, ValueError):
+        return None
 
 
 def _error_key(message: str) -> str:

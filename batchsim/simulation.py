@@ -14,6 +14,7 @@ the new run leaves out).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -32,6 +33,7 @@ from batchsim.catalog.hardware import HardwareProfile, load_hardware
 from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
 from batchsim.config import (
     OUTPUT_FORMATS,
+    EngineConfig,
     ExperimentConfig,
     dump_config,
     keyword_overrides,
@@ -419,6 +421,21 @@ class Setup:
     """Speculative decoding's draft model on the same GPUs (``method: draft``)."""
 
 
+def with_engine_terms(hardware: HardwareProfile, engine: EngineConfig) -> HardwareProfile:
+    """``hardware`` with the GPU-side terms the engine sets itself (``engine.
+    all_reduce_latency_us``, ``engine.launch_overhead_ms``, e.g. from a framework preset) in
+    place of the profile's; the same object when the engine sets neither."""
+    changes: dict[str, float] = {}
+    if engine.all_reduce_latency_us is not None:
+        changes["interconnect_latency"] = engine.all_reduce_latency_us / 1e6
+    if engine.launch_overhead_ms is not None:
+        changes["launch_overhead"] = engine.launch_overhead_ms / 1e3
+    if not changes:
+        return hardware
+    attrs: dict[str, Any] = dict(changes)  # the profile keeps each term twice (see catalog)
+    return dataclasses.replace(hardware, efficiency={**hardware.efficiency, **changes}, **attrs)
+
+
 def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> Setup:
     """Load catalogs and size the KV cache; raises ConfigError on anything inconsistent.
 
@@ -430,6 +447,7 @@ def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> 
     model = load_model(config.model)
     tp = config.parallel.tensor_parallel_size
     engine = config.engine
+    hardware = with_engine_terms(hardware, engine)
     cost_model = RooflineCostModel(
         model, hardware, tp=tp, dtype=engine.dtype, kv_dtype=engine.kv_cache_dtype
     )
@@ -549,6 +567,7 @@ def engine_parts(
             else hardware.cpu_overhead_per_seq
         ),
         async_scheduling=engine_cfg.async_scheduling,
+        cuda_graph_max_batch_size=engine_cfg.cuda_graph_max_batch_size or 0,
         fast_forward=engine_cfg.fast_forward,
         swap_time_per_block=setup.swap_time_per_block,
         record_slots=config.metrics.record_slots,

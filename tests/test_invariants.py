@@ -24,6 +24,7 @@ from batchsim.simulation import Result
 from conftest import assert_same_run, capture_engines, simulate_data, tiny_experiment
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
+FRAMEWORKS = ("vllm-v0", "vllm-v1", "sglang", "tensorrt-llm", "lmdeploy")
 FINAL = {"finished", "rejected", "cancelled"}
 TIME_TOL_S = 1e-9  # iteration ends are start + duration_ms / 1e3: equal up to rounding
 
@@ -72,6 +73,10 @@ def experiments(draw: st.DrawFn) -> dict[str, Any]:
         "async_scheduling": draw(st.booleans()),
         "fast_forward": draw(st.booleans()),
     }
+    if draw(st.integers(0, 3)) == 0:  # a serving-engine preset (CPU overhead, CUDA graphs)
+        engine["framework"] = draw(st.sampled_from(FRAMEWORKS))
+        if draw(st.booleans()):  # small CUDA-graph sizes: batches above them run unpadded
+            engine["cuda_graph_max_batch_size"] = draw(st.sampled_from([0, 2, 4]))
     if policy in ("continuous", "chunked_prefill") and draw(st.booleans()):
         scheduler["preemption_mode"] = "swap"
         # none, a few blocks (Llama-2-7B: 0.5 MiB of KV per token), or plenty of host space

@@ -93,11 +93,13 @@ def test_sdist_carries_ci_docs_and_license_and_the_wheel_py_typed(tmp_path):
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {".ci/run", "docs/calibration.md", "LICENSE", "README.md", "pyproject.toml"} <= names
     assert {"tests/test_cli.py", "batchsim/py.typed", "experiments/quickstart.yaml"} <= names
+    assert "frameworks/sglang.yaml" in names
     with zipfile.ZipFile(tmp_path / f"batchsim-{version}-py3-none-any.whl") as wheel:
         members = set(wheel.namelist())
         metadata = wheel.read(f"batchsim-{version}.dist-info/METADATA").decode("utf-8")
     assert {"batchsim/py.typed", "batchsim/__main__.py"} <= members
     assert "batchsim/_data/experiments/quickstart.yaml" in members
+    assert "batchsim/_data/frameworks/vllm-v1.yaml" in members
     assert f"batchsim-{version}.dist-info/licenses/LICENSE" in members
     assert f"\nVersion: {version}\n" in metadata
     assert "License-Expression: Apache-2.0" in metadata

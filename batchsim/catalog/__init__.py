@@ -1,6 +1,7 @@
 """Where the built-in catalogs live, and how a name or a path becomes a file.
 
-The catalogs (``hardware_profiles/``, ``models/``, ``workloads/``, ``experiments/``) sit at the
+The catalogs (``hardware_profiles/``, ``models/``, ``workloads/``, ``experiments/``,
+``frameworks/``) sit at the
 repository top level and are copied into ``batchsim/_data/`` when a wheel is built, so they are
 found both from a source checkout (editable install) and after a plain ``pip install``.
 This module imports nothing else from batchsim but :mod:`batchsim.errors`.
@@ -13,7 +14,7 @@ from pathlib import Path
 from batchsim.errors import ConfigError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
-KINDS = ("hardware_profiles", "models", "workloads", "experiments")
+KINDS = ("hardware_profiles", "models", "workloads", "experiments", "frameworks")
 
 
 def catalog_dir(kind: str) -> Path:

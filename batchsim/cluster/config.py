@@ -167,6 +167,14 @@ def group_experiments(config: ExperimentConfig) -> list[tuple[int, ExperimentCon
             override = getattr(group, name)
             if not override:
                 continue
+            if name == "engine" and override.get("framework", config.engine.framework) != (
+                config.engine.framework
+            ):
+                raise ConfigError(
+                    f"{where}.engine.framework: a group cannot change the serving-engine "
+                    "preset (it is applied to the whole experiment before the groups); set "
+                    "the group's engine and scheduler keys instead"
+                )
             merged = {**getattr(config, name).model_dump(), **override}
             try:
                 update[name] = model.model_validate(merged)

@@ -250,7 +250,10 @@ class AttentionPricing:
         a_time, a_tc, a_tm = self.layer_time(
             shape.num_seqs + shape.num_padding_seqs,
             shape.num_decode_rows,
-            shape.num_prefill_tokens + shape.num_padding_tokens - shape.num_padding_seqs,
+            shape.num_prefill_tokens
+            + shape.num_padding_tokens
+            - shape.num_padding_seqs
+            - shape.num_graph_padding_tokens,
             shape.kv_read_tokens,
             shape.attn_pairs,
             a_bytes / L,

@@ -389,7 +389,12 @@ class RooflineCostModel:
         kv_read = self._kv_layer_bytes * (kv_tokens + tokens)
         a_bytes = kv_read + qo
         decodes = shape.num_decode_tokens + pad_seqs
-        rows = shape.num_prefill_tokens + shape.num_padding_tokens - pad_seqs
+        rows = (
+            shape.num_prefill_tokens
+            + shape.num_padding_tokens
+            - pad_seqs
+            - shape.num_graph_padding_tokens
+        )
         if rows or self.ideal:
             a_time, a_tc, a_tm = att.scalar_layer_time(
                 shape.num_seqs + pad_seqs, decodes, rows, kv_tokens, pairs, a_bytes / L

@@ -55,6 +55,9 @@ class BatchShape:
         attn_pairs: Sum of causal (query, key) pairs computed (padding rows included).
         num_padding_seqs: Padding sequences: one-row decodes of no request (naive static
             batching keeps computing the rows of finished requests).
+        num_graph_padding_tokens: Rows a CUDA graph adds to a decode batch (counted in
+            ``num_padding_tokens`` too): they run through the GEMMs, elementwise kernels and
+            all-reduces but attend to nothing and sample nothing (:func:`cuda_graph_padded`).
     """
 
     num_seqs: Any
@@ -65,6 +68,7 @@ class BatchShape:
     kv_read_tokens: Any = 0
     attn_pairs: Any = 0
     num_padding_seqs: Any = 0
+    num_graph_padding_tokens: Any = 0
 
     @property
     def num_tokens(self) -> Any:
@@ -188,3 +192,32 @@ class BatchShape:
     ) -> BatchShape:
         """One prefill chunk of ``num_tokens`` after ``context_len`` cached tokens; it samples."""
         return cls.from_requests([num_tokens], [context_len], decode=[False], window=window)
+
+
+def cuda_graph_size(num_rows: int, max_size: int) -> int | None:
+    """The CUDA-graph batch size a decode batch of ``num_rows`` runs as: the smallest captured
+    size >= ``num_rows`` among 1, 2, 4 and the multiples of 8 up to ``max_size`` (vLLM's
+    capture sizes), or None when ``num_rows`` exceeds every captured size (eager, unpadded)."""
+    if num_rows <= 2:
+        size = num_rows
+    elif num_rows <= 4:
+        size = 4
+    else:
+        size = -(-num_rows // 8) * 8
+    return size if 0 < size <= max_size else None
+
+
+def cuda_graph_padded(shape: BatchShape, max_size: int) -> BatchShape:
+    """``shape`` as a CUDA graph runs it: a decode-only batch (one token per request, no
+    other padding; python ints) of n requests padded with ``cuda_graph_size(n) - n`` rows;
+    any other shape, or a batch above every captured size, unchanged. THE place where
+    CUDA-graph padding happens (the engine applies it to every scheduled iteration)."""
+    n = shape.num_decode_tokens
+    if shape.num_prefill_tokens or shape.num_padding_tokens or n != shape.num_seqs:
+        return shape
+    size = cuda_graph_size(int(n), max_size)
+    if size is None or size == n:
+        return shape
+    return dataclasses.replace(
+        shape, num_padding_tokens=size - n, num_graph_padding_tokens=size - n
+    )

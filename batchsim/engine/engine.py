@@ -61,6 +61,7 @@ import simpy
 
 from batchsim.cost import RooflineCostModel
 from batchsim.cost.costs import StepCost
+from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
@@ -90,6 +91,8 @@ class EngineOptions:
     cpu_overhead_per_seq: float = 0.0
     """Extra CPU time per request in the iteration (s)."""
     async_scheduling: bool = False
+    cuda_graph_max_batch_size: int = 0
+    """Pad decode-only batches up to the next CUDA-graph size up to this (0: no padding)."""
     swap_time_per_block: float = 0.0
     """Time to copy one KV block between GPU and host memory (s)."""
     fast_forward: bool = True
@@ -414,6 +417,7 @@ class Engine:
         guarded = self.guarded
         on_step = self.on_step
         idle_wakeups = steps_without_token = 0
+        graph_max = self.options.cuda_graph_max_batch_size
         # The engine's own clock: exactly the times it computed (an iteration's end, the
         # arrival or timer it slept until). SimPy's clock only sleeps it, and env.now + (t -
         # env.now) may round an ulp away from t: a request would then wait 1e-16 s on one
@@ -458,6 +462,8 @@ class Engine:
                         idle_wakeups = 0
                 continue
             idle_wakeups = 0
+            if graph_max:
+                output.shape = cuda_graph_padded(output.shape, graph_max)
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
             if num_steps > 1 and output.num_prefill_seqs and self.slot_log is not None:
                 num_steps = 1  # the slots of a prompt's chunks are recorded one by one

@@ -1,0 +1,227 @@
+"""End-to-end validation: batchsim against published results of serving engines.
+
+    python benchmarks/validate_published.py            # the table, then per-source errors
+    python benchmarks/validate_published.py --csv F    # also write the rows to F
+
+Each row below is one published number with its source and its exact setup (model, GPU,
+tensor parallelism, weight/KV precision, batch, input/output lengths, the metric), read from
+the source's own text. Each is simulated with the matching serving-engine preset
+(``engine.framework``) and compared: error = simulated / published - 1. The summary prints
+the median and p90 of the absolute error per source and over all rows.
+
+How a setup maps onto an experiment:
+  * TensorRT-LLM v0.6.1 ``performance.md`` (gptSessionBenchmark, a static batch): ``batch``
+    requests of fixed lengths arriving together, ``policy: static`` with ``max_num_seqs =
+    batch``; "throughput" is generated tokens / time of the whole batch (per GPU on H100),
+    "1st token latency" a batch of one with one output token (its TTFT). The published batch
+    ran as one batch, so the KV cache is sized to hold it (``engine.num_gpu_blocks``): memory
+    limits are the engine's, not what is validated here. H100 rows are FP8 weights and FP8 KV
+    cache (``--enable_fp8 --fp8_kv_cache``), A100 rows FP16.
+  * vLLM PR #2192 (``benchmarks/benchmark_latency.py``, vLLM 0.2.7, V0): ``batch`` prompts of
+    256 tokens generating 256 tokens each, submitted together; the reported latency is the time
+    until the whole batch finished (the run's duration). V0 without chunked prefill packs
+    prompts up to ``max_num_batched_tokens = max(max_model_len, 2048)`` = 4096 for Llama-2.
+    "before" used NCCL (the A100 profile's fitted 31 us), "after" the custom all-reduce (the
+    preset's).
+
+Rows whose setup could not be pinned down from the source (unknown GPU variant, per-GPU or
+total throughput unclear for TP > 1 on A100, a model batchsim lacks) are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from batchsim.config import validate_experiment
+from batchsim.simulation import simulate
+
+TRTLLM_061 = (
+    "https://github.com/NVIDIA/TensorRT-LLM/blob/138f96d45f90b9667426f7c47297d8c06bafac73/"
+    "docs/source/performance.md"
+)
+VLLM_2192 = "https://github.com/vllm-project/vllm/pull/2192"
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published end-to-end number and the setup that produced it."""
+
+    source: str
+    """Short name of the source (rows are summarised per source)."""
+    url: str
+    framework: str
+    model: str
+    hardware: str
+    tp: int
+    dtype: str
+    kv_dtype: str
+    batch: int
+    input_len: int
+    output_len: int
+    metric: str
+    """``throughput_per_gpu`` (generated tok/s per GPU), ``ttft_ms`` or ``latency_s``."""
+    value: float
+    what: str
+    """The row as the source labels it."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    scheduler: dict[str, Any] = field(default_factory=dict)
+
+
+def _trt(
+    hw: str, model: str, tp: int, batch: int, isl: int, osl: int, metric: str, value: float
+) -> Published:
+    fp8 = hw.startswith("h100")
+    gpu = "H100 FP8" if fp8 else "A100 FP16"
+    label = "LLaMA 7B" if model == "llama-2-7b" else "LLaMA 70B"
+    kind = "peak throughput" if metric == "throughput_per_gpu" else "low latency (v0.5 data)"
+    return Published(
+        source="TensorRT-LLM v0.6.1 performance.md",
+        url=TRTLLM_061,
+        framework="tensorrt-llm",
+        model=model,
+        hardware=hw,
+        tp=tp,
+        dtype="fp8" if fp8 else "fp16",
+        kv_dtype="fp8" if fp8 else "fp16",
+        batch=batch,
+        input_len=isl,
+        output_len=osl,
+        metric=metric,
+        value=value,
+        what=f"{kind}, {gpu}, {label}, BS {batch}, TP {tp}, {isl}/{osl}",
+        scheduler={"policy": "static", "padding": False},
+    )
+
+
+def _vllm(batch: int, value: float, custom: bool) -> Published:
+    engine: dict[str, Any] = {} if custom else {"all_reduce_latency_us": 31.0}
+    return Published(
+        source="vLLM PR #2192 (custom all-reduce)",
+        url=VLLM_2192,
+        framework="vllm-v0",
+        model="llama-2-70b",
+        hardware="a100-80gb",
+        tp=4,
+        dtype="fp16",
+        kv_dtype="auto",
+        batch=batch,
+        input_len=256,
+        output_len=256,
+        metric="latency_s",
+        value=value,
+        what=f"benchmark_latency, Llama 70B, A100-80G, TP 4, BS {batch}, 256/256, "
+        + ("after (custom all-reduce)" if custom else "before (NCCL)"),
+        engine=engine,
+        scheduler={"policy": "continuous", "max_num_batched_tokens": 4096},
+    )
+
+
+ROWS: list[Published] = [
+    # TensorRT-LLM v0.6.1, "Peak Throughput", H100 GPUs (FP8), out tok/s/GPU
+    _trt("h100-sxm", "llama-2-7b", 1, 768, 128, 128, "throughput_per_gpu", 19694),
+    _trt("h100-sxm", "llama-2-7b", 1, 112, 128, 2048, "throughput_per_gpu", 6818),
+    _trt("h100-sxm", "llama-2-7b", 1, 80, 2048, 128, "throughput_per_gpu", 2244),
+    _trt("h100-sxm", "llama-2-7b", 1, 48, 2048, 2048, "throughput_per_gpu", 2740),
+    # "Peak Throughput", A100 GPUs (FP16), out tok/s (TP 1 rows only: per GPU = total)
+    _trt("a100-80gb", "llama-2-7b", 1, 384, 128, 128, "throughput_per_gpu", 5586),
+    _trt("a100-80gb", "llama-2-7b", 1, 60, 128, 2048, "throughput_per_gpu", 1928),
+    _trt("a100-80gb", "llama-2-7b", 1, 52, 2048, 128, "throughput_per_gpu", 591),
+    # "Low Latency" (v0.5 data), batch size 1, 1st token latency (ms)
+    _trt("h100-sxm", "llama-2-7b", 1, 1, 128, 1, "ttft_ms", 7),
+    _trt("h100-sxm", "llama-2-7b", 1, 1, 2048, 1, "ttft_ms", 36),
+    _trt("h100-sxm", "llama-2-70b", 4, 1, 128, 1, "ttft_ms", 26),
+    _trt("h100-sxm", "llama-2-70b", 4, 1, 2048, 1, "ttft_ms", 109),
+    _trt("a100-80gb", "llama-2-7b", 1, 1, 128, 1, "ttft_ms", 16),
+    _trt("a100-80gb", "llama-2-7b", 1, 1, 2048, 1, "ttft_ms", 133),
+    _trt("a100-80gb", "llama-2-70b", 4, 1, 128, 1, "ttft_ms", 47),
+    _trt("a100-80gb", "llama-2-70b", 4, 1, 2048, 1, "ttft_ms", 377),
+    # vLLM PR #2192, "Latency and memory" table (benchmark_latency, 5 iterations)
+    _vllm(64, 16.37, custom=False),
+    _vllm(64, 14.57, custom=True),
+]
+
+
+def experiment(row: Published) -> dict[str, Any]:
+    """The experiment mapping that reproduces ``row``'s setup."""
+    engine: dict[str, Any] = {
+        "framework": row.framework,
+        "dtype": row.dtype,
+        "kv_cache_dtype": row.kv_dtype,
+        **row.engine,
+    }
+    if row.scheduler.get("policy") == "static":
+        block = 64  # the preset's block size (TensorRT-LLM tokens_per_block)
+        per_seq = math.ceil((row.input_len + row.output_len) / block)
+        engine["num_gpu_blocks"] = row.batch * per_seq
+    return {
+        "name": "validate",
+        "seed": 0,
+        "hardware": row.hardware,
+        "model": row.model,
+        "parallel": {"tensor_parallel_size": row.tp},
+        "engine": engine,
+        "scheduler": {"max_num_seqs": row.batch, **row.scheduler},
+        "workload": {
+            "num_requests": row.batch,
+            "arrival": {"process": "all_at_once"},
+            "prompt_tokens": {"dist": "fixed", "value": row.input_len},
+            "output_tokens": {"dist": "fixed", "value": row.output_len},
+        },
+    }
+
+
+def simulated(row: Published) -> float:
+    """``row``'s metric as batchsim predicts it."""
+    summary = simulate(validate_experiment(experiment(row))).summary
+    if summary["completed"] != row.batch:
+        raise RuntimeError(f"{row.what}: only {summary['completed']} of {row.batch} finished")
+    if row.metric == "throughput_per_gpu":
+        return float(summary["output_throughput"]) / row.tp
+    if row.metric == "ttft_ms":
+        return float(summary["mean_ttft_ms"])
+    if row.metric == "latency_s":
+        return float(summary["duration"])
+    raise ValueError(row.metric)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", help="also write the rows to this CSV file")
+    args = parser.parse_args(argv)
+    results = []
+    print(f"{'source / setup':<86} {'metric':<18} {'published':>10} {'batchsim':>10} {'error':>8}")
+    for row in ROWS:
+        sim = simulated(row)
+        err = sim / row.value - 1.0
+        results.append((row, sim, err))
+        print(f"{row.what:<86} {row.metric:<18} {row.value:>10.4g} {sim:>10.4g} {err:>+8.1%}")
+    print()
+    print(f"{'source':<40} {'rows':>5} {'median |error|':>15} {'p90 |error|':>12}")
+    groups: dict[str, list[float]] = {}
+    for row, _, err in results:
+        groups.setdefault(row.source, []).append(abs(err))
+    groups["all"] = [abs(err) for _, _, err in results]
+    for name, errs in groups.items():
+        values = np.array(errs)
+        print(
+            f"{name:<40} {len(values):>5} {np.median(values):>15.1%} "
+            f"{np.percentile(values, 90):>12.1%}"
+        )
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["source", "url", "setup", "metric", "published", "batchsim", "error"])
+            for row, sim, err in results:
+                writer.writerow([row.source, row.url, row.what, row.metric, row.value, sim, err])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
