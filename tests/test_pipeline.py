@@ -203,6 +203,8 @@ def test_saturated_pipeline_runs_p_batches_at_the_slowest_stage_pace(pp):
     batch = 16
     result = simulate(validate_experiment(saturated(pp, batch)))
     it = result.iterations
+    # each virtual engine keeps its own B requests: batches never merge nor split
+    assert set(it.loc[it["num_prefill_seqs"] == 0, "num_seqs"]) == {batch}
     decodes = it[(it["num_decode_seqs"] == batch) & (it["num_prefill_seqs"] == 0)]
     start = decodes["start_time_s"].to_numpy()
     end = start + decodes["duration_ms"].to_numpy() / 1e3
@@ -255,10 +257,10 @@ def test_pipeline_never_runs_a_request_in_two_batches_at_once(pp, policy, blocks
     engines: list[PipelineEngine] = []
     launch = PipelineEngine._launch
 
-    def recording(self: PipelineEngine, output: Any, now: float) -> None:
+    def recording(self: PipelineEngine, output: Any, now: float, engine: int) -> None:
         if not engines:
             engines.append(self)
-        launch(self, output, now)
+        launch(self, output, now, engine)
         end = self._in_flight[-1].times.end
         for request in output.requests:
             spans.setdefault(request.request_id, []).append((now, end))

@@ -6,6 +6,15 @@ stages. A request of a batch in flight is not schedulable until its batch leaves
 stage (its next token depends on the one being computed). With fewer batches in flight than
 stages, stages sit idle: the pipeline *bubble*.
 
+**Virtual engines.** Each running request belongs to one of P virtual engines (vLLM V0's
+``virtual_engine``): the one whose ``schedule()`` admitted or resumed it. A batch is one
+virtual engine's ``schedule()`` over its own running requests (the others' out of sight), so
+batches keep their members and never merge; ``scheduler.max_num_seqs`` and
+``max_num_batched_tokens`` apply to each batch. The waiting queue and the KV pool are shared
+(vLLM V0 splits the blocks evenly among virtual engines instead). When stage 0 is free, the
+virtual engines without a batch in flight are asked in round-robin order; the first that
+schedules something launches.
+
 Timing of batch b, each rule tested:
 
 - ``schedule()`` runs when stage 0 is free (it finished batch b-1), fewer than P batches are
@@ -45,6 +54,7 @@ from dataclasses import dataclass
 from batchsim.cost.costs import StepCost
 from batchsim.cost.pipeline import PipelineCostModel
 from batchsim.engine.engine import Engine, EngineOptions
+from batchsim.engine.request import Request
 from batchsim.engine.stretch import run_row
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
@@ -59,6 +69,7 @@ class _Batch:
 
     output: SchedulerOutput
     times: StepTimes
+    virtual_engine: int
 
 
 class PipelineEngine(Engine):
@@ -93,7 +104,9 @@ class PipelineEngine(Engine):
         self.work_time = 0.0
         """Time during which the engine held at least one request (s)."""
         self._in_flight: deque[_Batch] = deque()
-        self._hidden: set[int] = set()  # id() of the requests of batches in flight
+        self._engine_of: dict[int, int] = {}  # id() of a running request -> its virtual engine
+        self._busy: set[int] = set()  # virtual engines with a batch in flight
+        self._next_engine = 0  # where the round robin over virtual engines goes on
 
     @property
     def bubble_fraction(self) -> float:
@@ -123,10 +136,16 @@ class PipelineEngine(Engine):
             can_start = len(in_flight) < num_stages and free[0] <= now
             launched = False
             if can_start:
-                output = self._schedule_visible(now)
-                if not output.is_empty:
-                    self._launch(output, now)
-                    launched = True
+                for k in range(num_stages):
+                    v = (self._next_engine + k) % num_stages
+                    if v in self._busy:
+                        continue
+                    output = self._schedule_visible(now, v)
+                    if not output.is_empty:
+                        self._launch(output, now, v)
+                        self._next_engine = (v + 1) % num_stages
+                        launched = True
+                        break
             wake = in_flight[0].times.end if in_flight else math.inf
             if launched:
                 wake = min(wake, free[0])
@@ -144,14 +163,13 @@ class PipelineEngine(Engine):
             yield env.timeout(max(0.0, wake - env.now))
             now = wake
 
-    def _schedule_visible(self, now: float) -> SchedulerOutput:
-        """``schedule_iteration()`` with the requests of batches in flight out of sight."""
+    def _schedule_visible(self, now: float, engine: int) -> SchedulerOutput:
+        """``schedule_iteration()`` of virtual engine ``engine``: the running requests of the
+        others out of sight; the requests it admits or resumes become its own."""
         scheduler = self.scheduler
-        hidden = self._hidden
-        if not hidden:
-            return scheduler.schedule_iteration(now)
+        owner = self._engine_of
         before = scheduler.running
-        scheduler.running = [r for r in before if id(r) not in hidden]
+        scheduler.running = [r for r in before if owner[id(r)] == engine]
         try:
             output = scheduler.schedule_iteration(now)
         finally:
@@ -159,13 +177,15 @@ class PipelineEngine(Engine):
             after = scheduler.running
             kept = {id(r) for r in after}
             known = {id(r) for r in before}
-            scheduler.running = [r for r in before if id(r) in hidden or id(r) in kept] + [
-                r for r in after if id(r) not in known
-            ]
+            new = [r for r in after if id(r) not in known]
+            for r in new:
+                owner[id(r)] = engine
+            scheduler.running = [r for r in before if owner[id(r)] != engine or id(r) in kept] + new
         return output
 
-    def _launch(self, output: SchedulerOutput, now: float) -> None:
-        """Price ``output`` on every stage and put it in flight."""
+    def _launch(self, output: SchedulerOutput, now: float, engine: int) -> None:
+        """Price ``output`` of virtual engine ``engine`` on every stage and put it in
+        flight."""
         costs = self.pipeline.step_costs(output.shape)
         shape = output.shape
         rows = shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens
@@ -200,15 +220,16 @@ class PipelineEngine(Engine):
         times = StepTimes(first, now, ready)
         if self.slot_log is not None:
             self.slot_log.record(output, self.scheduler.running, first, 1)
-        for request in output.requests:
-            self._hidden.add(id(request))
-        self._in_flight.append(_Batch(output, times))
+        self._busy.add(engine)
+        self._in_flight.append(_Batch(output, times, engine))
+
+    def _left(self, request: Request, now: float) -> None:
+        self._engine_of.pop(id(request), None)
+        super()._left(request, now)
 
     def _leave(self, batch: _Batch) -> None:
         """``batch`` left the last stage: apply it."""
-        hidden = self._hidden
-        for request in batch.output.requests:
-            hidden.discard(id(request))
+        self._busy.discard(batch.virtual_engine)
         times = batch.times
         self._last_end = times.end
         for request in self.scheduler.update_from_output(batch.output, times):
