@@ -105,6 +105,7 @@ class PipelineEngine(Engine):
         """Time during which the engine held at least one request (s)."""
         self._in_flight: deque[_Batch] = deque()
         self._engine_of: dict[int, int] = {}  # id() of a running request -> its virtual engine
+        self._num_running = [0] * self.num_stages  # running requests of each virtual engine
         self._busy: set[int] = set()  # virtual engines with a batch in flight
         self._next_engine = 0  # where the round robin over virtual engines goes on
 
@@ -133,26 +134,17 @@ class PipelineEngine(Engine):
             ended = source.exhausted()
             if ended != scheduler.end_of_input:
                 scheduler.set_end_of_input(ended)
-            can_start = len(in_flight) < num_stages and free[0] <= now
-            launched = False
-            if can_start:
-                for k in range(num_stages):
-                    v = (self._next_engine + k) % num_stages
-                    if v in self._busy:
-                        continue
+            if free[0] <= now:
+                for v in self._ready_engines():
                     output = self._schedule_visible(now, v)
                     if not output.is_empty:
                         self._launch(output, now, v)
                         self._next_engine = (v + 1) % num_stages
-                        launched = True
                         break
             wake = in_flight[0].times.end if in_flight else math.inf
-            if launched:
-                wake = min(wake, free[0])
-            elif not can_start:
-                if free[0] > now:
-                    wake = min(wake, free[0])
-            else:  # stage 0 waits for an arrival, a cancellation, a timer or a batch
+            if free[0] > now and self._ready_engines():
+                wake = min(wake, free[0])  # stage 0 takes the next batch when it is free
+            else:  # nothing to run before an arrival, a cancellation, a timer or a batch
                 wake = min(wake, self._next_event_time(now))
             if wake == math.inf:
                 if scheduler.has_unfinished_requests():
@@ -162,6 +154,23 @@ class PipelineEngine(Engine):
                 self.work_time += wake - now
             yield env.timeout(max(0.0, wake - env.now))
             now = wake
+
+    def _ready_engines(self) -> list[int]:
+        """The virtual engines that may schedule something, in round-robin order: without a
+        batch in flight, and with running requests (or requests waiting or swapped out)."""
+        num_stages = self.num_stages
+        busy = self._busy
+        if len(busy) == num_stages:
+            return []
+        s = self.scheduler
+        anyone = bool(s.waiting or s.swapped)
+        counts = self._num_running
+        out = []
+        for k in range(num_stages):
+            v = (self._next_engine + k) % num_stages
+            if v not in busy and (anyone or counts[v]):
+                out.append(v)
+        return out
 
     def _schedule_visible(self, now: float, engine: int) -> SchedulerOutput:
         """``schedule_iteration()`` of virtual engine ``engine``: the running requests of the
@@ -180,7 +189,14 @@ class PipelineEngine(Engine):
             new = [r for r in after if id(r) not in known]
             for r in new:
                 owner[id(r)] = engine
-            scheduler.running = [r for r in before if owner[id(r)] != engine or id(r) in kept] + new
+            out = []  # the engine's requests preempted now: running no more
+            for r in before:
+                if owner[id(r)] != engine or id(r) in kept:
+                    out.append(r)
+                else:
+                    del owner[id(r)]
+            scheduler.running = out + new
+            self._num_running[engine] = len(after)
         return output
 
     def _launch(self, output: SchedulerOutput, now: float, engine: int) -> None:
@@ -224,7 +240,9 @@ class PipelineEngine(Engine):
         self._in_flight.append(_Batch(output, times, engine))
 
     def _left(self, request: Request, now: float) -> None:
-        self._engine_of.pop(id(request), None)
+        engine = self._engine_of.pop(id(request), None)
+        if engine is not None:  # it was running
+            self._num_running[engine] -= 1
         super()._left(request, now)
 
     def _leave(self, batch: _Batch) -> None:
