@@ -230,28 +230,44 @@ def test_more_stages_help_a_saturated_engine_and_not_a_lone_request():
 # ----------------------------------------------------------------------------- invariants
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     pp=st.integers(2, 4),
     policy=st.sampled_from(["continuous", "chunked_prefill"]),
-    blocks=st.sampled_from([None, 40, 80]),
+    blocks=st.sampled_from([None, 24, 40, 80]),
     rate=st.sampled_from([2.0, 50.0]),
+    swap=st.booleans(),
+    cancel=st.booleans(),
     seed=st.integers(0, 3),
 )
-def test_pipeline_never_runs_a_request_in_two_batches_at_once(pp, policy, blocks, rate, seed):
-    """Every request finishes with its tokens; the batches a request is in never overlap in
-    time (it waits for its batch to leave the last stage); KV is all freed at the end."""
+def test_pipeline_never_runs_a_request_in_two_batches_at_once(
+    pp, policy, blocks, rate, swap, cancel, seed
+):
+    """Every request leaves (finished with its tokens, or cancelled); the batches a request
+    is in never overlap in time (it waits for its batch to leave the last stage); KV is all
+    freed at the end — with preemption by recompute or swap, and cancellations in flight."""
+    workload: dict[str, Any] = {
+        "num_requests": 30,
+        "arrival": {"process": "poisson", "rate": rate},
+        "prompt_tokens": {"dist": "uniform", "min": 16, "max": 300},
+        "output_tokens": {"dist": "uniform", "min": 1, "max": 40},
+    }
+    if cancel:
+        workload["cancel_after_ms"] = {"dist": "uniform", "min": 10, "max": 2000}
+    engine: dict[str, Any] = {"num_gpu_blocks": blocks}
+    if swap:
+        engine["swap_space_gib"] = 0.05
     data = pp_experiment(
         pp,
         seed=seed,
-        scheduler={"policy": policy, "max_num_seqs": 8, "max_num_batched_tokens": 512},
-        engine={"num_gpu_blocks": blocks},
-        workload={
-            "num_requests": 30,
-            "arrival": {"process": "poisson", "rate": rate},
-            "prompt_tokens": {"dist": "uniform", "min": 16, "max": 300},
-            "output_tokens": {"dist": "uniform", "min": 1, "max": 40},
+        scheduler={
+            "policy": policy,
+            "max_num_seqs": 8,
+            "max_num_batched_tokens": 512,
+            "preemption_mode": "swap" if swap else "recompute",
         },
+        engine=engine,
+        workload=workload,
     )
     spans: dict[int, list[tuple[float, float]]] = {}
     engines: list[PipelineEngine] = []
@@ -270,8 +286,11 @@ def test_pipeline_never_runs_a_request_in_two_batches_at_once(pp, policy, blocks
         result = simulate(validate_experiment(data))
     engine = engines[0]
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
-    done = result.requests[result.requests["status"] == "finished"]
-    assert len(done) == len(result.requests)
+    requests = result.requests
+    done = requests[requests["status"] == "finished"]
+    assert (done["output_tokens"] == done["max_tokens"]).all()
+    assert set(requests["status"]) <= ({"finished", "cancelled"} if cancel else {"finished"})
+    assert len(requests) == 30
     for request_id, intervals in spans.items():
         for (_, end), (start, _) in itertools.pairwise(intervals):
             assert start >= end, request_id
