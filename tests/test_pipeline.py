@@ -9,15 +9,18 @@ forms of a pipeline (one request: no overlap; saturation: the slowest stage sets
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from regen_golden import comparable
 
+from batchsim import cli
 from batchsim.catalog.hardware import load_hardware
 from batchsim.catalog.model import load_model
 from batchsim.config import validate_experiment
@@ -338,3 +341,21 @@ def test_bad_pipeline_settings_are_one_clear_line(change, message):
         simulate(validate_experiment(data))
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_cli_run_reports_the_bubble_and_rejects_a_pipeline_with_static_batching(tmp_path, capsys):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(pp_experiment(2)), encoding="utf-8")
+    assert cli.main(["run", str(path), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert f"pipeline     2 stages, bubble {summary['bubble_fraction']:.1%}" in out
+    assert 0 < summary["bubble_fraction"] < 1
+    assert summary["config"]["parallel"]["pipeline_parallel_size"] == 2
+    code = cli.main(
+        ["run", str(path), "--set", "scheduler.policy=static", "-o", str(tmp_path / "x")]
+    )
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "scheduler.policy must be one of continuous, chunked_prefill" in err
+    assert len(err.splitlines()) == 1
