@@ -359,3 +359,8 @@ def test_cli_run_reports_the_bubble_and_rejects_a_pipeline_with_static_batching(
     err = capsys.readouterr().err.strip()
     assert "scheduler.policy must be one of continuous, chunked_prefill" in err
     assert len(err.splitlines()) == 1
+
+
+def test_an_engine_occupies_tp_times_pp_gpus():
+    data = pp_experiment(4, parallel={"tensor_parallel_size": 2})
+    assert validate_experiment(data).num_gpus == 8
