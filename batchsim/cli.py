@@ -112,6 +112,11 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
         rate = summary["prefix_cache_hit_rate"]
         found = "-" if rate != rate else f"{rate:.1%}"
         rows.append(("prefix cache", f"{found} of prompt tokens found cached"))
+    stages = summary.get("config", {}).get("parallel", {}).get("pipeline_parallel_size", 1)
+    if stages > 1:
+        rows.append(
+            ("pipeline", f"{stages} stages, bubble {summary['bubble_fraction']:.1%} of stage time")
+        )
     rows.append(("wall time", _fmt(summary["wall_time_s"], " s")))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

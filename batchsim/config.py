@@ -63,6 +63,10 @@ class ParallelConfig(ConfigModel):
 
     tensor_parallel_size: StrictInt = Field(1, ge=1, le=65536)
     """GPUs sharing every layer (weights, FLOPs and KV heads split; two all-reduces per layer)."""
+    pipeline_parallel_size: StrictInt = Field(1, ge=1, le=1024)
+    """Pipeline stages P: the layers are split into P consecutive stages of
+    ``tensor_parallel_size`` GPUs each (TP x PP GPUs per engine); up to P batches are in
+    flight, one per stage (see :mod:`batchsim.engine.pipeline`). 1: no pipeline."""
 
 
 class AcceptanceDist(ConfigModel):
@@ -310,10 +314,10 @@ class ExperimentConfig(ConfigModel):
 
     @property
     def num_gpus(self) -> int:
-        """GPUs one run of this experiment occupies (``parallel.tensor_parallel_size``; the
-        sum over the replicas of a cluster)."""
+        """GPUs one run of this experiment occupies (``parallel.tensor_parallel_size`` x
+        ``parallel.pipeline_parallel_size``; the sum over the replicas of a cluster)."""
         if self.cluster is None:
-            return self.parallel.tensor_parallel_size
+            return self.parallel.tensor_parallel_size * self.parallel.pipeline_parallel_size
         total = 0
         for group in self.cluster.groups:
             parallel = (group.parallel or {}).get("tensor_parallel_size")
@@ -566,6 +570,7 @@ def validate_experiment(
     try:
         load_policy(config.scheduler.policy).check_config(config.scheduler)
         check_cluster(config)
+        check_pipeline(config)
     except ConfigError as exc:
         raise _located(exc.message, source, text, overridden) from None
     return config
@@ -578,6 +583,32 @@ def _policy_keys(policy: Any) -> frozenset[str] | None:
         return load_policy(policy).config_keys
     except (ConfigError, TypeError, ValueError):
         return None
+
+
+PIPELINE_POLICIES = ("continuous", "chunked_prefill")
+"""Policies that run with ``parallel.pipeline_parallel_size`` > 1."""
+
+
+def check_pipeline(config: ExperimentConfig) -> None:
+    """Reject a pipeline (``parallel.pipeline_parallel_size`` > 1) with what it cannot run
+    with: a policy other than :data:`PIPELINE_POLICIES` (request-level batches and policies
+    written elsewhere assume one batch at a time) or replicas of a cluster."""
+    pp = config.parallel.pipeline_parallel_size
+    groups = config.cluster.groups if config.cluster is not None else []
+    if pp == 1 and not any(
+        (g.parallel or {}).get("pipeline_parallel_size", 1) != 1 for g in groups
+    ):
+        return
+    if config.cluster is not None:
+        raise ConfigError(
+            "parallel.pipeline_parallel_size must be 1 with cluster: replicas (a pipeline "
+            "runs as one engine)"
+        )
+    if config.scheduler.policy not in PIPELINE_POLICIES:
+        raise ConfigError(
+            f"scheduler.policy must be one of {', '.join(PIPELINE_POLICIES)} with "
+            f"parallel.pipeline_parallel_size {pp}, got {config.scheduler.policy!r}"
+        )
 
 
 def _error_key(message: str) -> str:

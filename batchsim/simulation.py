@@ -41,8 +41,10 @@ from batchsim.config import (
     unused_scheduler_keys,
 )
 from batchsim.cost import RooflineCostModel
+from batchsim.cost.pipeline import PipelineCostModel
 from batchsim.engine.engine import Engine, EngineOptions
 from batchsim.engine.kv_cache import KVCacheManager, kv_capacity_blocks
+from batchsim.engine.pipeline import PipelineEngine
 from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager
 from batchsim.errors import ConfigError, write_error
 from batchsim.metrics.logs import (
@@ -419,6 +421,9 @@ class Setup:
     """Seconds to copy one KV block of one GPU over the host link."""
     draft_cost_model: RooflineCostModel | None = None
     """Speculative decoding's draft model on the same GPUs (``method: draft``)."""
+    pipeline: PipelineCostModel | None = None
+    """The stages of ``parallel.pipeline_parallel_size`` > 1 (None: no pipeline; then
+    :attr:`cost_model` prices every iteration)."""
 
 
 def with_engine_terms(hardware: HardwareProfile, engine: EngineConfig) -> HardwareProfile:
@@ -451,23 +456,37 @@ def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> 
     cost_model = RooflineCostModel(
         model, hardware, tp=tp, dtype=engine.dtype, kv_dtype=engine.kv_cache_dtype
     )
+    pp = config.parallel.pipeline_parallel_size
+    if engine.speculative and pp > 1:
+        raise ConfigError(
+            f"engine.speculative needs parallel.pipeline_parallel_size 1, got {pp} (a "
+            "speculative pipeline is not modelled)"
+        )
     draft = draft_cost_model(config, hardware, model) if engine.speculative else None
+    pipeline = None
+    stages = [cost_model]
+    if pp > 1:
+        pipeline = PipelineCostModel(
+            model, hardware, tp=tp, pp=pp, dtype=engine.dtype, kv_dtype=engine.kv_cache_dtype
+        )
+        stages = pipeline.stages
     # the draft model's weights sit next to the target's; each block holds both KVs
-    kv_bytes_per_token = cost_model.kv_bytes_per_token_per_gpu
-    weight_bytes = cost_model.weight_bytes_per_gpu
-    if draft is not None:
-        kv_bytes_per_token += draft.kv_bytes_per_token_per_gpu
-        weight_bytes += draft.weight_bytes_per_gpu
+    draft_kv = draft.kv_bytes_per_token_per_gpu if draft is not None else 0.0
+    draft_weights = draft.weight_bytes_per_gpu if draft is not None else 0.0
     if engine.num_gpu_blocks is not None:
         blocks = engine.num_gpu_blocks
     else:
-        block_bytes = kv_bytes_per_token * engine.block_size
-        blocks = kv_capacity_blocks(
-            memory_bytes=hardware.memory_capacity,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            weight_bytes=weight_bytes,
-            activation_reserve_bytes=activation_reserve_bytes(model, config, tp),
-            block_bytes=block_bytes,
+        # one block holds a token range in every layer: each stage's GPUs hold the range for
+        # their layers, and the pool is as large as the stage with the least room allows
+        blocks = min(
+            kv_capacity_blocks(
+                memory_bytes=hardware.memory_capacity,
+                gpu_memory_utilization=engine.gpu_memory_utilization,
+                weight_bytes=stage.weight_bytes_per_gpu + draft_weights,
+                activation_reserve_bytes=activation_reserve_bytes(model, config, tp),
+                block_bytes=(stage.kv_bytes_per_token_per_gpu + draft_kv) * engine.block_size,
+            )
+            for stage in stages
         )
     dtype_bytes(engine.dtype, "engine.dtype")
     if engine.enable_prefix_caching and model.sliding_window is not None:
@@ -483,11 +502,23 @@ def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> 
                 f"{hardware.name} has no host_bandwidth_gb_s; add it to the profile or use "
                 "preemption_mode: recompute"
             )
+        # the stage with the most layers copies the most bytes per block
+        kv_bytes_per_token = max(s.kv_bytes_per_token_per_gpu for s in stages) + draft_kv
         block_bytes = kv_bytes_per_token * engine.block_size
         cpu_blocks = int(engine.swap_space_gib * 2**30 // block_bytes)
         link = hardware.host_bandwidth * hardware.efficiency["host_transfer_efficiency"]
         swap_time = block_bytes / link
-    return Setup(config, hardware, model, cost_model, blocks, cpu_blocks, swap_time, draft)
+    return Setup(
+        config,
+        hardware,
+        model,
+        cost_model,
+        blocks,
+        cpu_blocks,
+        swap_time,
+        draft_cost_model=draft,
+        pipeline=pipeline,
+    )
 
 
 def draft_cost_model(
@@ -599,8 +630,13 @@ def simulate(
     table = generate(config.workload, config.seed, base_dir)
     policy_cls = load_policy(config.scheduler.policy)
     kv, scheduler, options = engine_parts(config, setup, policy_cls)
-    engine = Engine(scheduler, setup.cost_model, table, options, on_step=progress)
+    engine: Engine
+    if setup.pipeline is not None:
+        engine = PipelineEngine(scheduler, setup.pipeline, table, options, on_step=progress)
+    else:
+        engine = Engine(scheduler, setup.cost_model, table, options, on_step=progress)
     engine.run()
+    bubble = engine.bubble_fraction if isinstance(engine, PipelineEngine) else 0.0
     assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
     if progress is not None:
         progress.stage("summarizing")
@@ -621,6 +657,7 @@ def simulate(
         summary.update(scheduler.speculator.summary())
     summary["num_gpu_blocks"] = kv.num_blocks
     summary["kv_cache_capacity_tokens"] = kv.capacity_tokens
+    summary["bubble_fraction"] = bubble
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")  # as config.yaml: every key
     del scheduler
@@ -712,6 +749,7 @@ def _simulate_cluster(
         summary.update(run.speculative)
     summary["num_gpu_blocks"] = sum(r.num_gpu_blocks for r in run.replicas)
     summary["kv_cache_capacity_tokens"] = run.capacity_tokens
+    summary["bubble_fraction"] = 0.0  # replicas run without a pipeline
     replicas = replica_table(run.replicas, requests, metrics.warmup_s, metrics.cooldown_s)
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")

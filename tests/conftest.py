@@ -54,6 +54,7 @@ SUMMARY_KEYS = {
     "padding_fraction",
     "compute_bound_fraction",
     "max_kv_cache_usage",
+    "bubble_fraction",
     "wall_time_s",
     "config",
 }

@@ -1,8 +1,11 @@
-"""Communication between GPUs: the ring all-reduce of tensor parallelism.
+"""Communication between GPUs: the ring all-reduce of tensor parallelism and the
+point-to-point send of pipeline parallelism.
 
 Owns the ring all-reduce formula, ``t = latency + 2 (n-1)/n x bytes / link_bandwidth`` for
 ``n`` GPUs (:func:`ring_all_reduce_time`), and :class:`AllReducePricing`, which applies it to
-the two all-reduces per layer of tensor parallelism. The functions take numbers or arrays.
+the two all-reduces per layer of tensor parallelism; and the point-to-point formula
+``t = latency + bytes / link_bandwidth`` (:func:`p2p_time`) of the activations one pipeline
+stage sends the next. The functions take numbers or arrays.
 
 Must not import anything from batchsim but :mod:`batchsim.cost.costs`.
 """
@@ -13,7 +16,7 @@ from typing import Any
 
 from batchsim.cost.costs import ACT_BYTES, ZERO_OP, OpCost
 
-__all__ = ["AllReducePricing", "ring_all_reduce_link_bytes", "ring_all_reduce_time"]
+__all__ = ["AllReducePricing", "p2p_time", "ring_all_reduce_link_bytes", "ring_all_reduce_time"]
 
 
 def ring_all_reduce_link_bytes(num_bytes: Any, num_gpus: Any) -> Any:
@@ -26,6 +29,11 @@ def ring_all_reduce_time(
 ) -> Any:
     """Time of one ring all-reduce of ``num_bytes`` over ``num_gpus`` >= 2 GPUs, s."""
     return ring_all_reduce_link_bytes(num_bytes, num_gpus) / link_bandwidth + latency
+
+
+def p2p_time(num_bytes: Any, link_bandwidth: float, latency: float) -> Any:
+    """Time to send ``num_bytes`` from one GPU to another over one link, s."""
+    return latency + num_bytes / link_bandwidth
 
 
 class AllReducePricing:

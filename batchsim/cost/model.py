@@ -43,7 +43,7 @@ from batchsim.cost.costs import (
 )
 from batchsim.cost.elementwise import ElementwisePricing
 from batchsim.cost.gemm import GemmPricing
-from batchsim.cost.layers import LayerKernels, activation_flops
+from batchsim.cost.layers import ElementwiseKernel, LayerKernels, activation_flops
 from batchsim.cost.shapes import BatchShape
 from batchsim.cost.terms import WEIGHT_DTYPES, HardwareTerms
 from batchsim.errors import ConfigError
@@ -93,6 +93,10 @@ class RooflineCostModel:
         dtype: Weight dtype: bf16, fp16, fp8, int8 (W8A16) or int4 (W4A16).
         kv_dtype: KV-cache dtype, or ``auto`` (weight dtype; fp16 for int8/int4 weights).
         ideal: Pure datasheet roofline: efficiencies 1, no quantization, floors or overheads.
+        first_stage: The model holds the embedding (false for a later pipeline stage).
+        last_stage: The model holds the final norm and lm_head (false for an earlier
+            pipeline stage). A pipeline stage is priced by a model whose ``num_hidden_layers``
+            are the stage's (:mod:`batchsim.cost.pipeline`).
 
     Attributes:
         layers: The model's kernels on one GPU (GEMM shapes, attention and elementwise sizes).
@@ -114,6 +118,8 @@ class RooflineCostModel:
         dtype: str = "bf16",
         kv_dtype: str = "auto",
         ideal: bool = False,
+        first_stage: bool = True,
+        last_stage: bool = True,
     ) -> None:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"parallel.tensor_parallel_size must be an integer >= 1, got {tp!r}")
@@ -132,6 +138,8 @@ class RooflineCostModel:
         self.dtype = dtype
         self.kv_dtype = resolve_kv_dtype(kv_dtype, dtype)
         self.ideal = ideal
+        self.first_stage = first_stage
+        self.last_stage = last_stage
         terms = HardwareTerms.from_profile(hardware, dtype, ideal=ideal)
         self.compute_dtype = terms.compute_dtype
         self._peak, self._bw = terms.peak, terms.bandwidth
@@ -140,6 +148,15 @@ class RooflineCostModel:
 
         # ---- the model's kernels on one GPU, and how each kind is priced
         self.layers = LayerKernels.from_model(model, tp)
+        if not (first_stage and last_stage):
+            # the ends are the embedding gather (first stage) and the final norm (last stage),
+            # half of the values and one launch each
+            ends = self.layers.ends
+            part = int(first_stage) + int(last_stage)
+            self.layers = dataclasses.replace(
+                self.layers,
+                ends=ElementwiseKernel(ends.elems * part / 2, 0.0, part * ends.launches // 2),
+            )
         self.gemm = GemmPricing(
             peak=terms.peak,
             bandwidth=terms.bandwidth,
@@ -179,6 +196,8 @@ class RooflineCostModel:
         self._overhead = OpCost(0.0, 0.0, terms.launch_overhead)
         self._num_layers = self.layers.num_layers
         self._lm_weight = self.layers.lm_head.k * self.layers.lm_head.n * self._wb
+        if not last_stage:
+            self._lm_weight = 0.0
         self._cache_t: dict[int, _TokenGroups] = {}
         self._cache_s: dict[int, OpCost] = {}
         self._rest_cache: dict[tuple[int, int], _Rest] = {}
@@ -238,7 +257,8 @@ class RooflineCostModel:
         cached = self._cache_s.get(rows)
         if cached is None:
             acc = CostSum()
-            self.gemm.add(acc, (self.layers.lm_head,), float(rows), 1.0)
+            if self.last_stage:  # an earlier pipeline stage samples nothing
+                self.gemm.add(acc, (self.layers.lm_head,), float(rows), 1.0)
             cached = acc.op()
             self._cache_s[rows] = cached
         return cached
@@ -500,7 +520,15 @@ class RooflineCostModel:
         every rank holds in full (MLA q_a/kv_a projections, KV heads when fewer than ``tp``,
         MoE routers)."""
         rep = self.layers.replicated_params
-        return ((self.model.num_params - rep) / self.tp + rep) * self._wb
+        m = self.model
+        params = m.num_params
+        if not self.first_stage:
+            params -= m.embedding_params
+        if not self.last_stage:
+            params -= m.lm_head_params + m.final_norm_params
+        elif not self.first_stage and m.tie_word_embeddings:
+            params += m.lm_head_matmul_params  # the last stage keeps its own copy of the table
+        return ((params - rep) / self.tp + rep) * self._wb
 
     @property
     def kv_bytes_per_token_per_gpu(self) -> float:
