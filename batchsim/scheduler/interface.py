@@ -170,6 +170,10 @@ class Scheduler(abc.ABC):
 
     def reject_reason(self, request: Request) -> str:
         """Why ``request`` can never be served, or '' if it can."""
+        return self.engine_reject_reason(request) or self.policy_reject_reason(request)
+
+    def engine_reject_reason(self, request: Request) -> str:
+        """Why ``request`` can never fit this engine (its length, its KV cache), or ''."""
         total = request.num_prompt_tokens + request.max_tokens
         if self.max_model_len is not None and total > self.max_model_len:
             return f"prompt+output {total} tokens > engine.max_model_len {self.max_model_len}"
@@ -179,11 +183,20 @@ class Scheduler(abc.ABC):
             room = kv.num_blocks - kv.watermark_blocks
             above = " above the admission watermark" if kv.watermark_blocks else ""
             return f"needs {need} KV blocks > KV cache capacity {room}{above}"
-        return self.policy_reject_reason(request)
+        return ""
 
     def policy_reject_reason(self, request: Request) -> str:
         """Policy-specific reason to reject ``request`` at arrival ('' = accept)."""
         return ""
+
+    def add_transferred(self, request: Request) -> bool:
+        """Queue a request whose prompt was computed elsewhere and whose KV cache arrived
+        with it (a decode instance of a disaggregated cluster): it holds the KV blocks of its
+        prompt and first token and waits, like any arrival, for the policy to admit it; then
+        it decodes. Its fit was checked before its KV moved (:meth:`engine_reject_reason`),
+        so it is never rejected here."""
+        self.waiting.append(request)
+        return True
 
     def cancel(self, request: Request, now: float) -> None:
         """Drop a request whose client disconnected; called at an iteration boundary."""

@@ -35,8 +35,10 @@ class CohortBatch:
 
     @property
     def pure(self) -> bool:
-        """The iteration is the cohort and nothing else."""
-        return not self.loose and self.tail == self.members
+        """The iteration is the cohort and nothing else (no request outside it, none added
+        after the running ones: a decode arriving with its KV, on a decode instance of a
+        disaggregated cluster, is added after them)."""
+        return not self.loose and self.tail == self.members == self.size
 
 
 class SchedulerOutput:
