@@ -121,21 +121,6 @@ def transfer_model(config: ExperimentConfig, prefill: Setup, decode: Setup) -> K
     )
 
 
-def pool_notes(config: ExperimentConfig) -> list[str]:
-    """What a user should know about the pools' settings."""
-    from batchsim.cluster.config import group_experiments
-
-    _, (_, decode) = group_experiments(config)
-    notes = []
-    if decode.scheduler.policy == "continuous" and not decode.scheduler.mix_prefill_decode:
-        notes.append(
-            "cluster.disaggregation.decode: continuous batching without mix_prefill_decode "
-            "runs the requests arriving from the prefill pool in iterations of their own while "
-            "the running decodes stall; mix_prefill_decode: true or chunked_prefill avoids it"
-        )
-    return notes
-
-
 def run_disaggregated(
     config: ExperimentConfig, table: RequestTable, progress: RunProgress | None = None
 ) -> ClusterRun:
@@ -152,7 +137,6 @@ def run_disaggregated(
     for _, experiment, _ in pools:
         policy = load_policy(experiment.scheduler.policy)
         notes += [n for n in unused_key_notes(experiment, policy) if n not in notes]
-    notes += pool_notes(config)
     # every decode instance is alike: one of their schedulers tells whether a request fits
     _, judge, _ = engine_parts(decode, decode_setup, load_policy(decode.scheduler.policy))
     dispatcher = DisaggregatedDispatcher(

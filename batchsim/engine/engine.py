@@ -289,6 +289,9 @@ class Engine:
         self.hand_off: Callable[[Request, float], bool] | None = getattr(link, "hand_off", None)
         """A prefill instance of a disaggregated cluster: takes a request whose prompt is done
         off to a decode instance (then it has not left the cluster); None otherwise."""
+        self.limit_repeat: Callable[[int], int] | None = getattr(link, "limit_repeat", None)
+        """A decode instance of a disaggregated cluster: how far a stretch may go before a
+        pass could take KV blocks for a transfer; None otherwise."""
         self._add_request = scheduler.add_request
         if getattr(link, "receives_transfers", False):  # a decode instance: KV comes with it
             self._add_request = scheduler.add_transferred
@@ -455,6 +458,8 @@ class Engine:
                 continue
             idle_wakeups = 0
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
+            if num_steps > 1 and self.limit_repeat is not None:
+                num_steps = self.limit_repeat(num_steps)
             if num_steps > 1 and output.num_prefill_seqs and self.slot_log is not None:
                 num_steps = 1  # the slots of a prompt's chunks are recorded one by one
             if num_steps > 1:

@@ -19,8 +19,9 @@ tied to it by a :class:`PrefillLink` or a :class:`DecodeLink`. A request's way:
 4. Its KV moves over the prefill instance's outgoing link, one transfer at a time in the order
    they became ready (FIFO per source link): from when the link is free, it occupies the link
    for its link time, and lands the link's latency later. Then the decode instance receives
-   it (:meth:`~batchsim.scheduler.Scheduler.add_transferred`: a request whose KV is in place)
-   and the prefill instance gets its blocks back (at its first pass at or after that time).
+   it (:meth:`~batchsim.scheduler.Scheduler.add_transferred`: a request whose KV is in place
+   joins the running batch at its next iteration with a free slot) and the prefill instance
+   gets its blocks back (at its first pass at or after that time).
 5. It decodes on the decode instance; preempted there, it is recomputed there.
 
 The transfer's link time (:class:`KVTransferModel`): ``after_prefill``, the prompt's KV over
@@ -205,13 +206,39 @@ class DecodeLink(ReplicaLink):
         """(landing time, order, request): transfers under way (a heap: transfers from
         different prefill instances land out of order)."""
         self._order = 0
+        self._next_cancel = math.inf
+        """The earliest cancellation time of the pending requests."""
         self.num_passes = 0
 
     def route_here(self, transfer: Transfer, now: float) -> None:
         self.num_routed += 1
         transfer.first_pass = self.num_passes + 1
         self.pending.append(transfer)
+        cancel = transfer.request.cancel_time
+        if cancel < self._next_cancel:
+            self._next_cancel = cancel
         self.wake_for(now)
+
+    def taken(self) -> Transfer:
+        """The first pending request leaves the queue (its blocks taken, or cancelled)."""
+        transfer = self.pending.popleft()
+        if transfer.request.cancel_time == self._next_cancel:
+            self._next_cancel = min((t.request.cancel_time for t in self.pending), default=math.inf)
+        return transfer
+
+    def limit_repeat(self, num_steps: int) -> int:
+        """The engine's hook before a stretch: 1 if the next pass could take blocks for the
+        first pending request (a preemption of this pass freed them), which stepping would
+        do; else ``num_steps`` (free blocks only shrink during a stretch)."""
+        pending = self.pending
+        if not pending:
+            return num_steps
+        assert self.engine is not None
+        kv = self.engine.scheduler.kv_cache
+        prompt = pending[0].request.num_prompt_tokens
+        if kv.blocks_held(prompt, prompt + 1) <= kv.num_free_blocks - kv.watermark_blocks:
+            return 1
+        return num_steps
 
     def land(self, time: float, request: Request) -> None:
         self._order += 1
@@ -225,7 +252,10 @@ class DecodeLink(ReplicaLink):
         return out
 
     def next_time(self) -> float:
-        return self.arrivals[0][0] if self.arrivals else math.inf
+        """The next landing, or the next cancellation of a pending request (a pass then
+        cancels it, where stepping would)."""
+        landing = self.arrivals[0][0] if self.arrivals else math.inf
+        return landing if landing < self._next_cancel else self._next_cancel
 
     def exhausted(self) -> bool:
         return not self.arrivals and not self.pending and self.dispatcher.upstream_done()
@@ -351,7 +381,7 @@ class DisaggregatedDispatcher(Dispatcher):
             transfer = pending[0]
             request = transfer.request
             if request.cancel_time <= now:  # the client left: cancelled on delivery
-                pending.popleft()
+                link.taken()
                 link.land(now, request)
                 transfer.source.release_at(now, transfer.held_blocks)
                 continue
@@ -359,7 +389,7 @@ class DisaggregatedDispatcher(Dispatcher):
             need = kv.blocks_held(prompt, prompt + 1)
             if need > kv.num_free_blocks - kv.watermark_blocks:
                 return
-            pending.popleft()
+            link.taken()
             kv.num_free_blocks -= need
             request.num_blocks = need
             source = transfer.source

@@ -125,6 +125,9 @@ class Scheduler(abc.ABC):
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         """Requests preempted by swapping, in the order they resume."""
+        self.transferred: deque[Request] | None = None
+        """A decode instance's requests whose KV arrived, waiting for a batch slot (see
+        :meth:`add_transferred`); None elsewhere."""
         self.end_of_input = False
         """True while no further arrival is known (see :meth:`set_end_of_input`)."""
         self._swap_in_blocks = 0  # copied during the current schedule_iteration()
@@ -189,14 +192,26 @@ class Scheduler(abc.ABC):
         """Policy-specific reason to reject ``request`` at arrival ('' = accept)."""
         return ""
 
+    # ------------------------------------------ a decode instance of a disaggregated cluster
     def add_transferred(self, request: Request) -> bool:
-        """Queue a request whose prompt was computed elsewhere and whose KV cache arrived
-        with it (a decode instance of a disaggregated cluster): it holds the KV blocks of its
-        prompt and first token and waits, like any arrival, for the policy to admit it; then
-        it decodes. Its fit was checked before its KV moved (:meth:`engine_reject_reason`),
-        so it is never rejected here."""
-        self.waiting.append(request)
+        """Take a request whose prompt was computed elsewhere and whose KV cache arrived with
+        it (a decode instance of a disaggregated cluster). It holds the KV blocks of its
+        prompt and first token, so it needs no admission: it joins the running batch at the
+        next :meth:`schedule_iteration` with a free batch slot (``max_num_seqs``), before
+        anything waiting is admitted (as vLLM schedules a request once its remote KV is
+        loaded), and the policy schedules it from then on like any running decode. Its fit
+        was checked before its KV moved (:meth:`engine_reject_reason`): never rejected."""
+        if self.transferred is None:
+            self.transferred = deque()
+        self.transferred.append(request)
         return True
+
+    def _admit_transferred(self, transferred: deque[Request]) -> None:
+        running = self.running
+        while transferred and len(running) < self.max_num_seqs:
+            request = transferred.popleft()
+            request.status = RequestStatus.RUNNING
+            running.append(request)
 
     def cancel(self, request: Request, now: float) -> None:
         """Drop a request whose client disconnected; called at an iteration boundary."""
@@ -206,6 +221,8 @@ class Scheduler(abc.ABC):
             self.running.remove(request)
         elif request.status == RequestStatus.SWAPPED:
             self.swapped.remove(request)
+        elif self.transferred and request in self.transferred:
+            self.transferred.remove(request)
         else:
             self.waiting.remove(request)
         self.kv_cache.free(request)
@@ -214,7 +231,7 @@ class Scheduler(abc.ABC):
         self.on_request_left(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.transferred)
 
     def set_end_of_input(self, ended: bool) -> None:
         """The engine says whether further arrivals are known: True when none is (open loop:
@@ -227,7 +244,15 @@ class Scheduler(abc.ABC):
         """The next iteration: the policy's :meth:`schedule`, with the KV blocks it copied
         between GPU and host memory (swaps) attached to the output."""
         self._swap_in_blocks = self._swap_out_blocks = 0
+        transferred = self.transferred
+        if transferred:
+            self._admit_transferred(transferred)
         output = self.schedule(now)
+        if transferred and output.is_empty and len(self.running) < self.max_num_seqs:
+            # the policy preempted its last running request: a request whose KV is here
+            # takes the slot at this boundary (else nothing would wake the engine for it)
+            self._admit_transferred(transferred)
+            output = self.schedule(now)
         if self._swap_in_blocks or self._swap_out_blocks:
             output.num_swap_in_blocks = self._swap_in_blocks
             output.num_swap_out_blocks = self._swap_out_blocks
