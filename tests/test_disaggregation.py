@@ -361,11 +361,11 @@ def test_same_seed_gives_identical_outputs():
 # ------------------------------------------------------------------ DistServe's direction
 
 
-def distserve_like(layout: str, tpot_ms: float) -> dict[str, Any]:
-    """Long prompts (4,000 tokens on average), short answers (100), Llama-3-8B on four
-    A100-80GB at 5.5 requests/s; the same TTFT SLO, a tight or a loose TPOT SLO."""
+def distserve_like(layout: str, rate: float, seed: int) -> dict[str, Any]:
+    """Long prompts (4,000 tokens on average), short answers (100): Llama-3-8B on four
+    A100-80GB, colocated (4 replicas) or disaggregated (2 prefill + 2 decode instances)."""
     data = {
-        "seed": 0,
+        "seed": seed,
         "hardware": "a100-80gb",
         "model": "llama-3-8b",
         "scheduler": {
@@ -375,11 +375,10 @@ def distserve_like(layout: str, tpot_ms: float) -> dict[str, Any]:
         },
         "workload": {
             "num_requests": 400,
-            "arrival": {"process": "poisson", "rate": 5.5},
-            "prompt_tokens": {"dist": "lognormal", "mean": 4000, "sigma": 0.4, "max": 16000},
+            "arrival": {"process": "poisson", "rate": rate},
+            "prompt_tokens": {"dist": "lognormal", "mean": 4000, "sigma": 0.4, "max": 7000},
             "output_tokens": {"dist": "lognormal", "mean": 100, "sigma": 0.5, "min": 2},
         },
-        "slo": {"ttft_ms": 2000, "tpot_ms": tpot_ms},
         "cluster": {"router": "least_outstanding"},
     }
     if layout == "colocated":
@@ -393,23 +392,41 @@ def distserve_like(layout: str, tpot_ms: float) -> dict[str, Any]:
     return data
 
 
-def test_disaggregation_raises_goodput_per_gpu_under_a_tight_tpot_slo_and_not_a_loose_one():
-    # Why this holds (seeds 0-9 and rates 4.5-5.5 all agree; at 5.5 the tight ratio is
-    # 1.6-2.4x and the loose one 0.70-0.95x): colocated, every GPU interleaves 4,000-token
-    # prompts (one or two iterations of 8,192 tokens, ~150 ms each) with its decodes, so a
-    # decode that shares its GPU with a few prompts gets a TPOT well over 20 ms; the decode
-    # pool runs decodes alone, Llama-3-8B's GQA keeps their KV reads small next to the
-    # weights, and twice the batch costs little: TPOT ~14 ms for everyone. That is
-    # DistServe's case for disaggregation. With a loose TPOT SLO that interference no longer
-    # matters, and what counts is capacity: colocation spreads the prompts over four GPUs,
-    # disaggregation over two, whose queues (~85 % busy) push TTFTs past 2 s.
-    goodput = {
-        (layout, slo): sim(distserve_like(layout, tpot)).summary["request_goodput_per_gpu"]
-        for layout in ("colocated", "disaggregated")
-        for slo, tpot in (("tight", 20.0), ("loose", 100.0))
-    }
-    assert goodput["disaggregated", "tight"] > 1.3 * goodput["colocated", "tight"]
-    assert goodput["disaggregated", "loose"] < goodput["colocated", "loose"]
+def goodput_per_gpu(layout: str, seed: int, slos: dict[str, float]) -> dict[str, float]:
+    """DistServe's per-GPU goodput for each TPOT SLO (with a 2 s TTFT SLO): the highest rate
+    of 1, 2, 3, ... req/s at which 90 % of the requests finish within both, over 4 GPUs."""
+    best = dict.fromkeys(slos, 0.0)
+    for rate in range(1, 13):
+        req = sim(distserve_like(layout, float(rate), seed)).requests
+        within = []
+        for name, tpot_ms in slos.items():
+            ok = (req["status"] == "finished") & (req["ttft_ms"] <= 2000)
+            ok &= ~(req["tpot_ms"] > tpot_ms)  # one-token answers have no TPOT
+            if ok.mean() >= 0.9:
+                best[name] = rate / 4
+                within.append(name)
+        if not within:
+            break
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_disaggregation_raises_goodput_per_gpu_under_a_tight_tpot_slo_and_not_a_loose_one(seed):
+    # Why this holds (the same for seeds 0-5; highest rate at 90 % within the SLOs, req/s):
+    # tight TPOT (20 ms), colocated 2-3, disaggregated 4-5; loose TPOT (100 ms), colocated
+    # 7-9, disaggregated 4-5. Colocated, every GPU interleaves 4,000-token prompts (an
+    # iteration of up to 8,192 tokens, ~0.3 s) with its decodes, so once a GPU sees a few
+    # prompts per second its decodes miss 20 ms per token; the decode pool runs decodes alone
+    # (Llama-3-8B's GQA keeps their KV reads small next to the weights, so the pool's twice
+    # larger batches cost little): TPOT ~14 ms until the prefill pool saturates. That is
+    # DistServe's case for disaggregation. With a loose TPOT SLO the interference no longer
+    # matters and capacity does: colocated, the prompts spread over four GPUs; disaggregated,
+    # over the two prefill instances, whose queues push TTFTs past 2 s from ~5 req/s on.
+    slos = {"tight": 20.0, "loose": 100.0}
+    colocated = goodput_per_gpu("colocated", seed, slos)
+    split = goodput_per_gpu("disaggregated", seed, slos)
+    assert split["tight"] > colocated["tight"] > 0
+    assert split["loose"] < colocated["loose"]
 
 
 # ------------------------------------------------------------------ outputs and bad input
