@@ -15,19 +15,17 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_invariants import ROUTER_NAMES, experiments
+from test_invariants import disaggregated_experiments
 
 from batchsim import cli
 from batchsim.config import validate_experiment
 from batchsim.engine import handoff
 from batchsim.errors import ConfigError
 from batchsim.simulation import Result, simulate
-from conftest import assert_same_run, tiny_experiment
+from conftest import tiny_experiment
 
 # Llama-2-7B (models/llama-2-7b.yaml): 32 layers, 32 KV heads (no GQA), head dim 4096 / 32 =
 # 128, bf16 KV: 2 (K and V) x 32 x 32 x 128 x 2 bytes per token.
@@ -249,42 +247,6 @@ def checked_passes() -> Iterator[dict[str, Any]]:
         yield seen
 
 
-LINKS = ("nvlink-4", "infiniband-ndr-400", "pcie-gen4-x16", {"bandwidth_gb_s": 0.5})
-
-
-@st.composite
-def disaggregated_experiments(draw: st.DrawFn) -> dict[str, Any]:
-    """:func:`test_invariants.experiments` on a prefill pool and a decode pool, each with its
-    own (small) KV cache; the decode pool runs continuous batching or chunked prefill."""
-    data = draw(experiments())
-    policy = draw(st.sampled_from(["continuous", "chunked_prefill"]))
-    decode_scheduler: dict[str, Any] = {"policy": policy}
-    if policy == "continuous":
-        decode_scheduler["mix_prefill_decode"] = draw(st.booleans())
-    data["cluster"] = {
-        "router": draw(st.sampled_from(ROUTER_NAMES)),
-        "disaggregation": {
-            "prefill": {
-                "replicas": draw(st.integers(1, 3)),
-                "engine": {"num_gpu_blocks": draw(st.integers(2, 200))},
-            },
-            "decode": {
-                "replicas": draw(st.integers(1, 3)),
-                "engine": {"num_gpu_blocks": draw(st.integers(2, 400))},
-                "scheduler": decode_scheduler,
-            },
-            "kv_transfer": {
-                "link": draw(st.sampled_from(LINKS)),
-                "mode": draw(st.sampled_from(["after_prefill", "layerwise"])),
-            },
-            "decode_router": draw(st.sampled_from(ROUTER_NAMES)),
-        },
-    }
-    if draw(st.booleans()):
-        data["cluster"]["router_overhead_ms"] = draw(st.sampled_from([0.5, 7.0]))
-    return data
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(disaggregated_experiments())
 def test_kv_is_conserved_across_the_pools_and_every_request_ends_once(data):
@@ -326,20 +288,6 @@ def test_kv_is_conserved_across_the_pools_and_every_request_ends_once(data):
     assert (gap_s.loc[decoded.index] >= least_s - 1e-9).all()
     assert list(run.replicas["pool"]) == ["prefill"] * num_prefill + ["decode"] * num_decode
     assert run.replicas["completed"].sum() == summary["completed"]
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(disaggregated_experiments())
-def test_fast_forward_equals_stepping_on_disaggregated_clusters(data):
-    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
-    fast["engine"]["fast_forward"] = True
-    slow["engine"]["fast_forward"] = False
-    a, b = sim(fast), sim(slow)
-    assert_same_run(a, b)
-    for column in ("replica", "prefill_replica", "decode_replica", "kv_transfer_bytes"):
-        assert a.requests[column].tolist() == b.requests[column].tolist(), column
-    for column in ("kv_wait_ms", "kv_transfer_ms"):
-        np.testing.assert_allclose(a.requests[column], b.requests[column], rtol=1e-9)
 
 
 def test_same_seed_gives_identical_outputs():

@@ -14,7 +14,7 @@ tied to it by a :class:`PrefillLink` or a :class:`DecodeLink`. A request's way:
    instant are routed, the decode router picks a decode instance (:class:`DisaggregatedDispatcher`).
    The request waits there, first come first served (:attr:`DecodeLink.pending`), until one
    of the decode instance's passes (its iteration boundaries) finds the KV blocks of its
-   prompt and first token free above the admission watermark; they are taken then. (A
+   prompt free above the admission watermark; they are taken then. (A
    request whose client has disconnected by then is cancelled there instead.)
 4. Its KV moves over the prefill instance's outgoing link, one transfer at a time in the order
    they became ready (FIFO per source link): from when the link is free, it occupies the link
@@ -236,7 +236,7 @@ class DecodeLink(ReplicaLink):
         assert self.engine is not None
         kv = self.engine.scheduler.kv_cache
         prompt = pending[0].request.num_prompt_tokens
-        if kv.blocks_held(prompt, prompt + 1) <= kv.num_free_blocks - kv.watermark_blocks:
+        if kv.blocks_held(prompt, prompt) <= kv.num_free_blocks - kv.watermark_blocks:
             return 1
         return num_steps
 
@@ -386,7 +386,7 @@ class DisaggregatedDispatcher(Dispatcher):
                 transfer.source.release_at(now, transfer.held_blocks)
                 continue
             prompt = request.num_prompt_tokens
-            need = kv.blocks_held(prompt, prompt + 1)
+            need = kv.blocks_held(prompt, prompt)
             if need > kv.num_free_blocks - kv.watermark_blocks:
                 return
             link.taken()

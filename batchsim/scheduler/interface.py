@@ -196,11 +196,12 @@ class Scheduler(abc.ABC):
     def add_transferred(self, request: Request) -> bool:
         """Take a request whose prompt was computed elsewhere and whose KV cache arrived with
         it (a decode instance of a disaggregated cluster). It holds the KV blocks of its
-        prompt and first token, so it needs no admission: it joins the running batch at the
-        next :meth:`schedule_iteration` with a free batch slot (``max_num_seqs``), before
-        anything waiting is admitted (as vLLM schedules a request once its remote KV is
-        loaded), and the policy schedules it from then on like any running decode. Its fit
-        was checked before its KV moved (:meth:`engine_reject_reason`): never rejected."""
+        prompt, so it needs no admission: it joins the running batch at the next
+        :meth:`schedule_iteration` with a free batch slot (``max_num_seqs``), before anything
+        waiting is admitted (as vLLM schedules a request once its remote KV is loaded), and
+        the policy schedules it from then on like any running decode (its first token's KV,
+        computed there, may need a new block). Its fit was checked before its KV moved
+        (:meth:`engine_reject_reason`): never rejected."""
         if self.transferred is None:
             self.transferred = deque()
         self.transferred.append(request)
