@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -17,10 +18,12 @@ from unittest import mock
 
 import pandas as pd
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from test_invariants import disaggregated_experiments
 
 from batchsim import cli
+from batchsim.catalog import catalog_dir
 from batchsim.config import validate_experiment
 from batchsim.engine import handoff
 from batchsim.errors import ConfigError
@@ -409,8 +412,6 @@ def test_outputs_name_the_pools_and_the_transfer(tmp_path):
 
 def test_validate_and_run_print_the_pools(tmp_path, capsys):
     path = tmp_path / "exp.yaml"
-    import yaml
-
     path.write_text(yaml.safe_dump(disaggregated(tiny_experiment(), prefill=2, decode=1)))
     assert cli.main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
@@ -477,8 +478,6 @@ def test_bad_disaggregation_blocks_are_one_line_errors_naming_the_key(cluster, w
     message = caught.value.message
     assert words in message and "\n" not in message
     # the command line says the same on one line, with exit code 2
-    import yaml
-
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(data))
     assert cli.main(["validate", str(path)]) == 2
@@ -493,3 +492,28 @@ def test_a_request_no_decode_instance_can_hold_is_rejected_at_its_arrival():
     assert row["status"] == "rejected" and row["replica"] == -1
     assert row["reject_reason"].startswith("decode instances: needs 94 KV blocks")
     assert math.isnan(row["kv_transfer_ms"]) and row["prefill_replica"] == -1
+
+
+def test_config_yaml_of_a_disaggregated_run_reruns_it_identically(tmp_path, monkeypatch):
+    # a pool's GPU profile given by a path relative to the experiment becomes absolute
+    profile = tmp_path / "exp" / "mine.yaml"
+    profile.parent.mkdir()
+    profile.write_text(
+        (catalog_dir("hardware_profiles") / "h100-sxm.yaml")
+        .read_text()
+        .replace("name: h100-sxm", "name: mine")
+    )
+    data = disaggregated(tiny_experiment(), {"bandwidth_gb_s": 20.0, "latency_us": 3.0})
+    data["cluster"]["disaggregation"]["prefill"]["hardware"] = "mine.yaml"
+    path = tmp_path / "exp" / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", str(path), "-o", "first"]) == 0
+    assert cli.main(["run", "first/config.yaml", "-o", "second"]) == 0
+    first, second = (
+        json.loads((tmp_path / d / "summary.json").read_text()) for d in ("first", "second")
+    )
+    for summary in (first, second):
+        del summary["wall_time_s"]
+    assert first == second
+    assert first["config"]["cluster"]["disaggregation"]["prefill"]["hardware"] == str(profile)
