@@ -186,13 +186,14 @@ def test_transfers_from_one_prefill_instance_queue_on_its_link_first_come_first_
     assert apart.requests["kv_wait_ms"].tolist() == [0.0, 0.0]
 
 
-def test_a_transfer_waits_for_the_decode_instances_kv_space():
+@pytest.mark.parametrize("mode", ["after_prefill", "layerwise"])
+def test_a_transfer_waits_for_the_decode_instances_kv_space(mode):
     # the decode instance holds one request at a time (watermark 0): the second prompt's KV
     # may leave only when the first request has finished there and freed its blocks
     data = one_request(1000, 20)
     data["workload"]["num_requests"] = 2
     data["engine"] = {"watermark": 0.0}
-    run_data = disaggregated(data, {"bandwidth_gb_s": 50.0, "latency_us": 0.0})
+    run_data = disaggregated(data, {"bandwidth_gb_s": 50.0, "latency_us": 0.0}, mode)
     blocks = -(-(1000 + 20) // 16)
     run_data["cluster"]["disaggregation"]["decode"]["engine"] = {"num_gpu_blocks": blocks + 10}
     req = sim(run_data).requests.sort_values("finish_time_s")
@@ -201,6 +202,13 @@ def test_a_transfer_waits_for_the_decode_instances_kv_space():
     started_s = second["first_token_time_s"] + second["kv_wait_ms"] / 1e3
     assert started_s == pytest.approx(first["finish_time_s"], rel=1e-12)
     assert (req["status"] == "finished").all()
+    link_ms = 1000 * LLAMA2_KV_BYTES_PER_TOKEN / 50e9 * 1e3
+    # a request that waited for the space streamed nothing during its prefill: whole transfer
+    assert second["kv_transfer_ms"] == pytest.approx(link_ms, rel=1e-12)
+    if mode == "layerwise":  # the link (10 ms) keeps up with the prefill: the last layer's
+        assert first["kv_transfer_ms"] == pytest.approx(link_ms / LLAMA2_LAYERS, rel=1e-12)
+    else:
+        assert first["kv_transfer_ms"] == pytest.approx(link_ms, rel=1e-12)
 
 
 # -------------------------------------------------------------- conservation, over random runs
