@@ -35,9 +35,8 @@ class CohortBatch:
 
     @property
     def pure(self) -> bool:
-        """The iteration is the cohort and nothing else (no request outside it, none added
-        after the running ones: a decode arriving with its KV, on a decode instance of a
-        disaggregated cluster, is added after them)."""
+        """The iteration is the cohort and nothing else: no running request outside it, and
+        none added after the running ones (its size says so even for one that is a decode)."""
         return not self.loose and self.tail == self.members == self.size
 
 
