@@ -74,7 +74,11 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
         ),
     ]
     if summary.get("request_goodput") == summary.get("request_goodput"):
-        rows.append(("goodput", f"{_fmt(summary['request_goodput'])} req/s within SLO"))
+        per_gpu = ""
+        if "request_goodput_per_gpu" in summary:  # a cluster
+            gpus = summary["num_gpus"]
+            per_gpu = f", {_fmt(summary['request_goodput_per_gpu'])} per GPU ({gpus} GPUs)"
+        rows.append(("goodput", f"{_fmt(summary['request_goodput'])} req/s within SLO{per_gpu}"))
     rows.append(("", "mean / median / p90 / p99 (ms)"))
     for name in ("ttft", "tpot", "itl", "e2el"):
         stats = " / ".join(
@@ -116,6 +120,17 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
     if stages > 1:
         rows.append(
             ("pipeline", f"{stages} stages, bubble {summary['bubble_fraction']:.1%} of stage time")
+        )
+    if summary.get("num_kv_transfers"):  # disaggregated prefill/decode
+        rows.append(
+            (
+                "KV transfer",
+                f"mean {_fmt(summary['mean_kv_transfer_ms'])} ms after "
+                f"{_fmt(summary['mean_kv_wait_ms'])} ms waiting, "
+                f"{summary['mean_kv_transfer_bytes'] / 1e6:,.1f} MB per request; busy "
+                f"prefill {summary['prefill_busy_fraction']:.0%}, "
+                f"decode {summary['decode_busy_fraction']:.0%}",
+            )
         )
     rows.append(("wall time", _fmt(summary["wall_time_s"], " s")))
     width = max(len(k) for k, _ in rows)
@@ -173,7 +188,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(
         f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"
     )
-    if config.cluster is not None:
+    if config.cluster is not None and config.cluster.disaggregation is not None:
+        print(f"  {_pools_line(config.cluster)}")
+    elif config.cluster is not None:
         print(f"  {_replicas_line(result.replicas)}, router {config.cluster.router}")
     print_summary(result.summary)
     print(f"  wrote {out_dir}/{{{','.join(result.files)}}}")
@@ -219,6 +236,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from batchsim.cluster.replicas import build_groups
 
     groups = build_groups(config)
+    if config.cluster.disaggregation is not None:
+        from batchsim.cluster.disaggregation import transfer_model
+
+        transfer_model(config, groups[0][2], groups[1][2])  # the pools' KV dtypes agree
+        print(f"{args.experiment}: ok — {_pools_line(config.cluster)}:")
+        for pool, (count, experiment, group_setup) in zip(("prefill", "decode"), groups):
+            print(f"  {pool}: {count} x {_engine_line(experiment, group_setup)}")
+        return 0
     print(
         f"{args.experiment}: ok — {config.cluster.num_replicas} replicas behind "
         f"{config.cluster.router}:"
@@ -226,6 +251,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     for count, experiment, group_setup in groups:
         print(f"  {count} x {_engine_line(experiment, group_setup)}")
     return 0
+
+
+def _pools_line(cluster: Any) -> str:
+    """``2 prefill + 2 decode instances, router least_outstanding, decode router least_kv,
+    KV over infiniband-ndr-400 (after_prefill)``."""
+    pools = cluster.disaggregation
+    transfer = pools.kv_transfer
+    link = transfer.link
+    if not isinstance(link, str):
+        link = f"{link.bandwidth_gb_s:g} GB/s, {link.latency_us:g} us"
+    return (
+        f"{pools.prefill.replicas} prefill + {pools.decode.replicas} decode instances, "
+        f"router {cluster.router}, decode router {pools.decode_router}, KV over {link} "
+        f"({transfer.mode})"
+    )
 
 
 def _engine_line(config: Any, setup: Any) -> str:

@@ -498,7 +498,11 @@ def _absolutize(data: dict[str, Any], base_dir: Path) -> None:
                 data[key] = str(candidate.resolve())
     cluster = data.get("cluster")
     groups = cluster.get("replicas") if isinstance(cluster, dict) else None
-    for group in groups if isinstance(groups, list) else ():
+    groups = list(groups) if isinstance(groups, list) else []
+    pools = cluster.get("disaggregation") if isinstance(cluster, dict) else None
+    if isinstance(pools, dict):
+        groups += [pools.get("prefill"), pools.get("decode")]
+    for group in groups:
         value = group.get("hardware") if isinstance(group, dict) else None
         if isinstance(value, str) and ("/" in value or value.endswith((".yaml", ".yml"))):
             candidate = base_dir / value

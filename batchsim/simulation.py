@@ -54,7 +54,12 @@ from batchsim.metrics.logs import (
     IterationLog,
     sample_rows,
 )
-from batchsim.metrics.replicas import REPLICA_COLUMNS, replica_table
+from batchsim.metrics.replicas import (
+    pool_busy_fractions,
+    replica_column_names,
+    replica_table,
+    transfer_summary,
+)
 from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import _jsonable, write_csv, write_parquet
@@ -171,8 +176,24 @@ class Result:
     @property
     def request_column_names(self) -> list[str]:
         """The columns of ``requests.csv``: :data:`REQUEST_COLUMNS`, with ``replica`` after
-        ``request_id`` in a cluster run."""
-        return _with_replica(REQUEST_COLUMNS, "request_id", self.replica_columns is not None)
+        ``request_id`` in a cluster run; a disaggregated run adds ``prefill_replica`` and
+        ``decode_replica`` after it and ``kv_wait_ms``, ``kv_transfer_ms``,
+        ``kv_transfer_bytes`` at the end."""
+        names = _with_replica(REQUEST_COLUMNS, "request_id", self.replica_columns is not None)
+        if "prefill_replica" not in self.request_columns:
+            return names
+        from batchsim.cluster.disaggregation import REQUEST_COLUMNS as POOL_COLUMNS
+        from batchsim.cluster.disaggregation import TRANSFER_COLUMNS
+
+        at = names.index("replica") + 1
+        return [*names[:at], *POOL_COLUMNS, *names[at:], *TRANSFER_COLUMNS]
+
+    @property
+    def replica_column_names(self) -> list[str]:
+        """The columns of ``replicas.csv`` (with ``pool`` in a disaggregated run)."""
+        return replica_column_names(
+            self.replica_columns is not None and "pool" in self.replica_columns
+        )
 
     @property
     def iteration_column_names(self) -> list[str]:
@@ -202,7 +223,7 @@ class Result:
 
         if self.replica_columns is None:
             raise ConfigError("this run has no replicas (cluster: is not set)")
-        return pd.DataFrame(self.replica_columns, columns=REPLICA_COLUMNS)
+        return pd.DataFrame(self.replica_columns, columns=self.replica_column_names)
 
     def write(self, out_dir: str | Path) -> Path:
         """Write the output files into ``out_dir`` (created if needed); return it.
@@ -252,7 +273,7 @@ class Result:
             "requests": (lambda: [self.request_columns], self.request_column_names),
             "iterations": (self.iteration_tables, self.iteration_column_names),
             "slots": (lambda: [self.slot_columns or {}], list(SLOT_COLUMNS)),
-            "replicas": (lambda: [self.replica_columns or {}], REPLICA_COLUMNS),
+            "replicas": (lambda: [self.replica_columns or {}], self.replica_column_names),
         }
         try:
             for name in names:
@@ -733,6 +754,10 @@ def _simulate_cluster(
     if progress is not None:
         progress.stage("summarizing")
     requests = run.request_log.to_columns()
+    if run.by_request is not None:  # a disaggregated cluster's own columns
+        ids = requests["request_id"]
+        for key, values in run.by_request.items():
+            requests[key] = values[ids]
     metrics = config.metrics
     summary = summarize(
         run.request_log,
@@ -751,6 +776,11 @@ def _simulate_cluster(
     summary["kv_cache_capacity_tokens"] = run.capacity_tokens
     summary["bubble_fraction"] = 0.0  # replicas run without a pipeline
     replicas = replica_table(run.replicas, requests, metrics.warmup_s, metrics.cooldown_s)
+    summary["num_gpus"] = config.num_gpus
+    summary["request_goodput_per_gpu"] = summary["request_goodput"] / config.num_gpus
+    if run.by_request is not None:
+        summary.update(pool_busy_fractions(replicas))
+        summary.update(transfer_summary(requests, metrics.warmup_s, metrics.cooldown_s))
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")
     notes = run.notes + trace_notes(config.workload, base_dir)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,9 @@ def test_one_replica_reproduces_the_plain_run(policy, loop):
         data["workload"] = CLOSED
     plain = sim(data)
     one = sim(with_cluster(data, replicas=1, router="random"))
+    # a cluster's summary adds its GPUs and the goodput per GPU (NaN: no slo here)
+    assert one.summary.pop("num_gpus") == 1
+    assert math.isnan(one.summary.pop("request_goodput_per_gpu"))
     assert_same_run(plain, one)
     assert one.requests.drop(columns="replica").columns.tolist() == plain.requests.columns.tolist()
     for column in ("request_id", "status", "num_preemptions", "prompt_tokens"):

@@ -357,6 +357,42 @@ def cluster_experiments(draw: st.DrawFn) -> dict[str, Any]:
     return data
 
 
+LINKS = ("nvlink-4", "infiniband-ndr-400", "pcie-gen4-x16", {"bandwidth_gb_s": 0.5})
+
+
+@st.composite
+def disaggregated_experiments(draw: st.DrawFn) -> dict[str, Any]:
+    """:func:`experiments` on a prefill pool and a decode pool, each with its
+    own (small) KV cache; the decode pool runs continuous batching or chunked prefill."""
+    data = draw(experiments())
+    policy = draw(st.sampled_from(["continuous", "chunked_prefill"]))
+    decode_scheduler: dict[str, Any] = {"policy": policy}
+    if policy == "continuous":
+        decode_scheduler["mix_prefill_decode"] = draw(st.booleans())
+    data["cluster"] = {
+        "router": draw(st.sampled_from(ROUTER_NAMES)),
+        "disaggregation": {
+            "prefill": {
+                "replicas": draw(st.integers(1, 3)),
+                "engine": {"num_gpu_blocks": draw(st.integers(2, 200))},
+            },
+            "decode": {
+                "replicas": draw(st.integers(1, 3)),
+                "engine": {"num_gpu_blocks": draw(st.integers(2, 400))},
+                "scheduler": decode_scheduler,
+            },
+            "kv_transfer": {
+                "link": draw(st.sampled_from(LINKS)),
+                "mode": draw(st.sampled_from(["after_prefill", "layerwise"])),
+            },
+            "decode_router": draw(st.sampled_from(ROUTER_NAMES)),
+        },
+    }
+    if draw(st.booleans()):
+        data["cluster"]["router_overhead_ms"] = draw(st.sampled_from([0.5, 7.0]))
+    return data
+
+
 def run_cluster(data: dict[str, Any]) -> tuple[Result, list[Engine]]:
     from unittest import mock
 
@@ -404,14 +440,21 @@ def test_random_cluster_experiments_keep_every_invariant(data):
     assert summary["completed"] + summary["num_rejected"] + summary["num_cancelled"] == num
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster_experiments())
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(cluster_experiments(), disaggregated_experiments()))
 def test_fast_forward_equals_stepping_on_clusters(data):
     # A stretch that a request routed to its replica cuts short, and what routers see of a
-    # replica inside a stretch, must match stepping: the same routes, the same run.
+    # replica inside a stretch, must match stepping: the same routes, the same run. In a
+    # disaggregated cluster also the hand-offs, the KV blocks taken for transfers and given
+    # back, and the transfers' times.
     fast, slow = copy.deepcopy(data), copy.deepcopy(data)
     fast["engine"]["fast_forward"] = True
     slow["engine"]["fast_forward"] = False
     a, b = simulate_data(fast), simulate_data(slow)
     assert_same_run(a, b)
     assert a.requests["replica"].tolist() == b.requests["replica"].tolist()
+    if "disaggregation" in data["cluster"]:
+        for column in ("prefill_replica", "decode_replica", "kv_transfer_bytes"):
+            assert a.requests[column].tolist() == b.requests[column].tolist(), column
+        for column in ("kv_wait_ms", "kv_transfer_ms"):
+            np.testing.assert_allclose(a.requests[column], b.requests[column], rtol=1e-9)

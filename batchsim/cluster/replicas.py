@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from batchsim.cluster.config import group_experiments
 from batchsim.cluster.router import make_router
 from batchsim.engine.dispatch import Dispatcher
@@ -45,6 +47,9 @@ class ClusterRun:
     notes: list[str] = field(default_factory=list)
     speculative: dict[str, float] | None = None
     """Speculative decoding's summary over every replica (None without it)."""
+    by_request: dict[str, np.ndarray] | None = None
+    """A disaggregated cluster's columns of ``requests.csv`` beyond the log's, indexed by
+    request id (:mod:`batchsim.cluster.disaggregation`); None otherwise."""
 
 
 def run_cluster(
@@ -53,6 +58,10 @@ def run_cluster(
     """Simulate ``config`` (with a ``cluster:`` block) on the requests of ``table``."""
     cluster = config.cluster
     assert cluster is not None, "not a cluster"
+    if cluster.disaggregation is not None:
+        from batchsim.cluster.disaggregation import run_disaggregated
+
+        return run_disaggregated(config, table, progress)
     replicas: list[tuple[ExperimentConfig, Setup]] = []
     notes: list[str] = []
     for count, experiment, setup in build_groups(config):
@@ -65,7 +74,7 @@ def run_cluster(
     links = dispatcher.add_replicas(
         [(setup.hardware.name, e.parallel.tensor_parallel_size) for e, setup in replicas]
     )
-    on_step = None if progress is None else _ClusterProgress(progress, dispatcher)
+    on_step = None if progress is None else ClusterProgress(progress, dispatcher)
     engines = []
     capacity = 0
     for link, (experiment, setup) in zip(links, replicas):
@@ -108,7 +117,7 @@ def build_groups(config: ExperimentConfig) -> list[tuple[int, ExperimentConfig, 
 
     Raises:
         ConfigError: A group's hardware or settings cannot be built; the message names the
-            group (``cluster.replicas[1]: ...``).
+            group (``cluster.replicas[1]: ...``, ``cluster.disaggregation.decode: ...``).
     """
     assert config.cluster is not None, "not a cluster"
     out = []
@@ -118,12 +127,12 @@ def build_groups(config: ExperimentConfig) -> list[tuple[int, ExperimentConfig, 
         except ConfigError as exc:
             if isinstance(config.cluster.replicas, int):
                 raise
-            raise ConfigError(f"cluster.replicas[{i}]: {exc.message}") from None
+            raise ConfigError(f"{config.cluster.group_key(i)}: {exc.message}") from None
         out.append((count, experiment, setup))
     return out
 
 
-class _ClusterProgress:
+class ClusterProgress:
     """The engine's ``on_step`` for a progress line about the whole cluster: it shows the
     progress object an engine-like view of the sum of the replicas."""
 
@@ -140,7 +149,7 @@ class _ClusterProgress:
 
 
 class _Sum:
-    def __init__(self, owner: _ClusterProgress, attribute: str):
+    def __init__(self, owner: ClusterProgress, attribute: str):
         self.owner = owner
         self.attribute = attribute
 

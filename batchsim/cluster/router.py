@@ -52,9 +52,14 @@ ROUTER_STREAM = 0x726F75746572
 workload's streams."""
 
 
-def router_rng(seed: int) -> np.random.Generator:
+DECODE_ROUTER_STREAM = 0x6465636F6465
+"""Spawn key of a disaggregated cluster's decode router (``b"decode"``), apart from the
+router's."""
+
+
+def router_rng(seed: int, stream: int = ROUTER_STREAM) -> np.random.Generator:
     """The router's random stream for a run seeded with ``seed``."""
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(ROUTER_STREAM,)))
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
 
 
 class Router:
@@ -167,15 +172,26 @@ def load_router(name: str, key: str = "cluster.router") -> type[Router]:
     return load_class(name, ROUTERS, Router, key, "router", "batchsim.cluster.Router")
 
 
-def make_router(config: ClusterConfig, seed: int) -> Any:
+def make_router(
+    config: ClusterConfig,
+    seed: int,
+    *,
+    name: str | None = None,
+    key: str = "cluster.router",
+    num_replicas: int | None = None,
+    stream: int = ROUTER_STREAM,
+) -> Any:
     """``route(request, replicas, now) -> index`` for the cluster: the configured router,
-    checked at every call when it was written outside batchsim."""
-    cls = load_router(config.router)
-    n = config.num_replicas
-    rng = router_rng(config.seed if config.seed is not None else seed)
+    checked at every call when it was written outside batchsim.
+
+    ``name``, ``key``, ``num_replicas`` and ``stream`` choose another router of the cluster
+    (a disaggregated cluster's decode router, over its decode pool, with its own stream)."""
+    cls = load_router(config.router if name is None else name, key)
+    n = config.num_replicas if num_replicas is None else num_replicas
+    rng = router_rng(config.seed if config.seed is not None else seed, stream)
     if cls in ROUTERS.values():
         return cls(n, rng, config).route
-    label = f"cluster.router {cls.__module__}:{cls.__qualname__}"
+    label = f"{key} {cls.__module__}:{cls.__qualname__}"
     try:
         router = cls(n, rng, config)
     except BatchsimError:

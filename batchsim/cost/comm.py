@@ -1,11 +1,17 @@
-"""Communication between GPUs: the ring all-reduce of tensor parallelism and the
-point-to-point send of pipeline parallelism.
+"""Communication between GPUs: the ring all-reduce of tensor parallelism, the
+point-to-point send of pipeline parallelism, and the KV-cache transfer of disaggregated
+serving.
 
 Owns the ring all-reduce formula, ``t = latency + 2 (n-1)/n x bytes / link_bandwidth`` for
 ``n`` GPUs (:func:`ring_all_reduce_time`), and :class:`AllReducePricing`, which applies it to
 the two all-reduces per layer of tensor parallelism; and the point-to-point formula
 ``t = latency + bytes / link_bandwidth`` (:func:`p2p_time`) of the activations one pipeline
 stage sends the next. The functions take numbers or arrays.
+
+A KV transfer (:func:`kv_transfer_link_time`, :func:`layerwise_exposed_time`) moves a prompt's
+KV cache from a prefill instance to a decode instance, one link per GPU: the GPUs' shards move
+in parallel, so the time is the larger per-GPU shard (of the sending or the receiving side)
+over one link's bandwidth, plus the link's latency.
 
 Must not import anything from batchsim but :mod:`batchsim.cost.costs`.
 """
@@ -16,7 +22,41 @@ from typing import Any
 
 from batchsim.cost.costs import ACT_BYTES, ZERO_OP, OpCost
 
-__all__ = ["AllReducePricing", "p2p_time", "ring_all_reduce_link_bytes", "ring_all_reduce_time"]
+__all__ = [
+    "AllReducePricing",
+    "kv_transfer_link_time",
+    "layerwise_exposed_time",
+    "p2p_time",
+    "ring_all_reduce_link_bytes",
+    "ring_all_reduce_time",
+]
+
+
+def kv_transfer_link_time(
+    num_tokens: Any, bytes_per_token_per_gpu: float, link_bandwidth: float
+) -> Any:
+    """Time the KV of ``num_tokens`` tokens takes on the link, s (latency excluded): each GPU's
+    shard of ``bytes_per_token_per_gpu`` per token moves over its own link of
+    ``link_bandwidth`` B/s, all shards at once."""
+    return num_tokens * bytes_per_token_per_gpu / link_bandwidth
+
+
+def layerwise_exposed_time(link_time: Any, compute_time: Any, num_layers: int) -> Any:
+    """The part of a transfer streamed layer by layer that the prefill does not hide, s.
+
+    The prefill computes its ``num_layers`` layers one after another, each taking
+    ``compute_time / num_layers``; layer l's KV goes on the link as soon as it is computed and
+    the link has sent layer l-1's, each taking ``link_time / num_layers``. The last layer's KV
+    is ready when the prefill ends; the link finishes it ``max(link_time / L, link_time -
+    compute_time x (L-1)/L)`` later: the last layer's share when the link keeps up with the
+    compute, else what the first L-1 layers' compute could not hide (the latency comes on
+    top).
+    """
+    layers = float(num_layers)
+    hidden = compute_time * (layers - 1.0) / layers
+    rest = link_time - hidden
+    last = link_time / layers
+    return rest if rest > last else last
 
 
 def ring_all_reduce_link_bytes(num_bytes: Any, num_gpus: Any) -> Any:

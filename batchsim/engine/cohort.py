@@ -28,7 +28,7 @@ import heapq
 from bisect import bisect_right
 
 from batchsim.engine.kv_cache import at_least_offsets
-from batchsim.engine.request import Request
+from batchsim.engine.request import HANDED_OFF, Request
 
 _COMPACT_MIN = 256
 """Runs of ticks kept before the ones no member needs are dropped."""
@@ -96,7 +96,7 @@ class Cohort:
         return (
             r._group is None
             and 0 < outputs < r.max_tokens
-            and r._last >= 0
+            and (r._last >= 0 or r._last == HANDED_OFF)
             and r.num_prompt_tokens + outputs - r._computed == 1
             and r._blocks == -(-(r._computed + self.ahead) // self.block_size)
         )
@@ -223,8 +223,11 @@ class Cohort:
         k = bisect_right(ticks, joined) - 1
         first = iterations[k] + (joined - ticks[k])
         out: list[int] = []
-        if r._last != first - 1:
-            out += (r._last, first)
+        last = r._last
+        if last == HANDED_OFF:  # its first token came from a prefill instance: a new run
+            out.append(first)
+        elif last != first - 1:
+            out += (last, first)
         for m in range(k + 1, len(ticks)):
             out += (iterations[m - 1] + ticks[m] - ticks[m - 1] - 1, iterations[m])
         return out

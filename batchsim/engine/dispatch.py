@@ -273,6 +273,11 @@ class ReplicaLink:
         """``request`` was routed here; it arrives at ``time``."""
         self.num_routed += 1
         self.inbox.append((time, request))
+        self.wake_for(time)
+
+    def wake_for(self, time: float) -> None:
+        """Something for this replica happens at ``time`` (a delivery): have a pass at the
+        first iteration boundary at or after it, as stepping would."""
         sleeper = self.sleeper
         if self._busy:  # a stretch is cut; a single iteration runs to its end
             if self._busy_with_plan and time < sleeper.until:
@@ -404,12 +409,17 @@ class Dispatcher:
         sleeper = self.sleeper
         now = yield sleeper.sleep(source.next_time(), ROUTE)
         while True:
-            for request in source.pop_due(now):
-                self._route(request, now)
-            if not self._input_ended and source.exhausted():
-                self._input_ended = True
-                self.end_of_input(now)
+            self.route_due(now)
             now = yield sleeper.sleep(source.next_time(), ROUTE)
+
+    def route_due(self, now: float) -> None:
+        """Route every arrival due by ``now`` (step 2 of the same-instant rule)."""
+        source = self.source
+        for request in source.pop_due(now):
+            self._route(request, now)
+        if not self._input_ended and source.exhausted():
+            self._input_ended = True
+            self.end_of_input(now)
 
     def _route(self, request: Request, now: float) -> None:
         self.now = now

@@ -37,7 +37,9 @@ Rules, each tested:
   replica of a cluster: its arrivals are the requests a router sends it, it shares the
   cluster's SimPy environment, and the link orders its passes among the cluster's events of
   the same instant and logs its stretches when they end (a routed request may cut one).
-  Without it (one engine on its own) nothing of this runs.
+  Without it (one engine on its own) nothing of this runs. A prefill instance of a
+  disaggregated cluster hands a finished prompt to its link instead of logging it, and a
+  decode instance queues the requests whose KV arrived (:mod:`batchsim.engine.handoff`).
 - **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
   every call: an exception it raises, an iteration that schedules a request that is not
   running, more tokens than a request has, a count below 1 or tokens without KV blocks, a
@@ -291,6 +293,15 @@ class Engine:
             self.source = link  # the requests the router sends
             self.env = link.env
             self.stretch.log = link.attach(self)  # a stretch is logged when it ends
+        self.hand_off: Callable[[Request, float], bool] | None = getattr(link, "hand_off", None)
+        """A prefill instance of a disaggregated cluster: takes a request whose prompt is done
+        off to a decode instance (then it has not left the cluster); None otherwise."""
+        self.limit_repeat: Callable[[int], int] | None = getattr(link, "limit_repeat", None)
+        """A decode instance of a disaggregated cluster: how far a stretch may go before a
+        pass could take KV blocks for a transfer; None otherwise."""
+        self._add_request = scheduler.add_request
+        if getattr(link, "receives_transfers", False):  # a decode instance: KV comes with it
+            self._add_request = scheduler.add_transferred
         self.policy_name = f"{policy.__module__}:{policy.__qualname__}"
         self.slot_log = SlotLog() if options.record_slots else None
         self.guarded = getattr(policy, "speculative_base", policy) not in POLICIES.values()
@@ -368,7 +379,7 @@ class Engine:
         scheduler = self.scheduler
         for request in self.source.pop_due(now):
             self.num_arrived += 1
-            if self._call("add_request", scheduler.add_request, request):
+            if self._call("add_request", self._add_request, request):
                 if request.cancel_time != math.inf:
                     heapq.heappush(
                         self._cancels, (request.cancel_time, request.request_id, request)
@@ -382,7 +393,11 @@ class Engine:
                 self._left(request, now)
 
     def _left(self, request: Request, now: float) -> None:
-        """``request`` reached a final status at ``now``."""
+        """``request`` reached a final status at ``now`` (on a prefill instance, a finished
+        prompt may instead move on to a decode instance)."""
+        hand_off = self.hand_off
+        if hand_off is not None and hand_off(request, now):
+            return
         self.request_log.add(request)
         self.source.on_left(request, now)
 
@@ -465,6 +480,8 @@ class Engine:
             if graph_max:
                 output.shape = cuda_graph_padded(output.shape, graph_max)
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
+            if num_steps > 1 and self.limit_repeat is not None:
+                num_steps = self.limit_repeat(num_steps)
             if num_steps > 1 and output.num_prefill_seqs and self.slot_log is not None:
                 num_steps = 1  # the slots of a prompt's chunks are recorded one by one
             if num_steps > 1:

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from batchsim.engine.cohort import Cohort
 
 NAN = math.nan
+HANDED_OFF = -2
+"""``last_token_iteration`` of a request whose first token came from a prefill instance of a
+disaggregated cluster and that has sampled none on its decode instance yet: its token runs
+there start afresh (iterations of another engine), its ``first_token_time`` stays."""
 
 
 class RequestStatus(enum.IntEnum):
@@ -103,7 +107,7 @@ class Request:
         prefix_segments: The shared content its sequence starts with,
             ``((content_id, num_tokens), ...)`` (:mod:`batchsim.workload.prefix`), or None.
         last_token_iteration: Index of the iteration that sampled the request's latest token
-            (-1: none yet).
+            (-1: none yet; :data:`HANDED_OFF`: its first token came from a prefill instance).
         token_segments: When the tokens came: runs of consecutive iterations that each sampled
             one token of the request, as ``[first0, last0, first1, last1, ...]`` iteration
             indices; the open last run ends at :attr:`last_token_iteration`. Inter-token gaps
@@ -265,9 +269,10 @@ class Request:
         if self._group is not None:
             self._group.detach(self)
         last = self._last
-        if last < 0:  # the first token
-            assert num_tokens == 1, "a first token comes from one iteration"
-            self.first_token_time = end_time
+        if last < 0:  # the first token (or, at HANDED_OFF, the first on a decode instance)
+            if last != HANDED_OFF:
+                assert num_tokens == 1, "a first token comes from one iteration"
+                self.first_token_time = end_time
             self._segments.append(first_iteration)
         elif last != first_iteration - 1:  # a gap in iterations: a new run
             self._segments += (last, first_iteration)

@@ -192,6 +192,18 @@ class ChunkedColumns:
                 self._chunks[-1] = [_pack(column) for column in chunk]
         self._stored += n
 
+    def last(self, key: str) -> Any:
+        """The last row's value of one column (there is one)."""
+        pending = self._pending
+        index = self._index[key]
+        if pending:
+            item = pending[-1]
+            if item and item[0] is _BLOCK:
+                value, n = item[1][index], item[2]
+                return value[n - 1] if isinstance(value, np.ndarray) and value.ndim else value
+            return item[index]
+        return self.column(key, self.num_rows - 1)[0]
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the stored rows (buffered rows not counted)."""
@@ -369,6 +381,10 @@ class IterationLog:
             self._runs.append(run)
         num_steps = sum(r[1] for r in runs)
         self._usage.extend((kv_cache_usage,), num_steps)
+
+    def last_gpu_time(self) -> float:
+        """GPU time of the last iteration logged, s (there is one)."""
+        return float(self._runs.last("gpu_time_ms")) / 1e3
 
     def batch_column(self, key: str) -> np.ndarray:
         """One value of a :data:`BATCH_COLUMNS` column per run (the same for each iteration
@@ -693,23 +709,48 @@ class RequestLog:
 
     @classmethod
     def concatenate(
-        cls, logs: Sequence[RequestLog], iteration_offsets: Sequence[int]
+        cls,
+        logs: Sequence[RequestLog],
+        iteration_offsets: Sequence[int],
+        *,
+        replicas: Sequence[int] | None = None,
+        first_runs: np.ndarray | None = None,
     ) -> RequestLog:
         """The requests of several engines (the replicas of a cluster) as one log, with a
-        ``replica`` column (the log's position in ``logs``); each log's token runs move by
-        its offset in the concatenated iteration log (:meth:`IterationLog.concatenate`)."""
+        ``replica`` column (the log's position in ``logs``, or ``replicas[i]``); each log's
+        token runs move by its offset in the concatenated iteration log
+        (:meth:`IterationLog.concatenate`).
+
+        ``first_runs[request_id]``, when given, is the iteration of the concatenated log that
+        sampled a request's first token on another engine (a prefill instance of a
+        disaggregated cluster; -1: none): a finished request's token runs then start with it,
+        a run of one, so that its first inter-token gap spans the two engines.
+        """
         out = cls(with_replica=True)
         firsts, lasts = [], []
         for index, (log, offset) in enumerate(zip(logs, iteration_offsets, strict=True)):
+            replica = index if replicas is None else replicas[index]
             rows = log._rows
-            if rows.num_rows:
-                columns = tuple(rows.column(key) for key in rows.dtypes)
-                out._rows.extend((index, *columns), rows.num_rows)
             log._flush_segments()
             assert log._firsts is not None and log._lasts is not None, "token runs handed over"
             n = log._num_segments
-            firsts.append(log._firsts[:n].astype(np.int64) + offset)
-            lasts.append(log._lasts[:n].astype(np.int64) + offset)
+            first = log._firsts[:n].astype(np.int64) + offset
+            last = log._lasts[:n].astype(np.int64) + offset
+            if rows.num_rows:
+                columns = [rows.column(key) for key in rows.dtypes]
+                if first_runs is not None:
+                    at = list(rows.dtypes).index("num_segments")
+                    first, last, columns[at] = _with_first_runs(
+                        first_runs,
+                        rows.column("request_id"),
+                        rows.column("status"),
+                        columns[at],
+                        first,
+                        last,
+                    )
+                out._rows.extend((replica, *columns), rows.num_rows)
+            firsts.append(first)
+            lasts.append(last)
             out._reasons.update(log._reasons)
         first = np.concatenate(firsts) if firsts else np.empty(0, np.int64)
         last = np.concatenate(lasts) if lasts else np.empty(0, np.int64)
@@ -853,6 +894,28 @@ class RequestLog:
         is_first = np.zeros(len(first), dtype=bool)
         is_first[(np.cumsum(num_segments) - num_segments)[num_segments > 0]] = True
         return TokenRuns(first, last, is_first, sort_in_place=True)
+
+
+def _with_first_runs(
+    first_runs: np.ndarray,
+    ids: np.ndarray,
+    status: np.ndarray,
+    num_segments: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A log's token runs with each finished request's run on another engine put first (see
+    :meth:`RequestLog.concatenate`): (firsts, lasts, runs per request)."""
+    elsewhere = first_runs[ids]
+    moved = (elsewhere >= 0) & (status == int(RequestStatus.FINISHED))
+    if not moved.any():
+        return first, last, num_segments
+    counts = num_segments.astype(np.int64)
+    starts = np.cumsum(counts) - counts  # each request's first run among the log's
+    runs = elsewhere[moved].astype(np.int64)
+    first = np.insert(first, starts[moved], runs)
+    last = np.insert(last, starts[moved], runs)
+    return first, last, (counts + moved).astype(num_segments.dtype)
 
 
 def _grown(values: np.ndarray, n: int, size: int, dtype: type) -> np.ndarray:

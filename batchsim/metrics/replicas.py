@@ -52,6 +52,8 @@ class ReplicaRecord:
     num_gpu_blocks: int
     iterations: IterationLog
     """Its own iterations."""
+    pool: str | None = None
+    """``prefill`` or ``decode`` in a disaggregated cluster; None otherwise."""
 
 
 def replica_table(
@@ -71,22 +73,32 @@ def replica_table(
     Columns (over the summary's window): ``num_requests`` (counted requests routed to the
     replica), ``completed``, ``output_throughput`` (its finished requests' output tokens
     over the cluster's ``duration``), ``mean_ttft_ms``, ``p99_ttft_ms``,
-    ``mean_queue_delay_ms``, ``num_iterations`` and ``mean_batch_size`` (iterations that
+    ``mean_queue_delay_ms`` (of the requests routed to it), ``num_iterations`` and
+    ``mean_batch_size`` (iterations that
     start in the window), ``busy_fraction`` (the window's time its iterations cover),
     ``mean_kv_cache_usage`` (over that busy time), ``max_kv_cache_usage``,
     ``num_preemptions``, and ``prefix_cache_hit_rate`` (cached / prompt tokens of its
     finished requests; NaN when requests carry no ``num_cached_tokens``).
+
+    In a disaggregated cluster (records with a ``pool``), a ``pool`` column follows
+    ``replica``; a request is routed to a prefill instance (its ``prefill_replica``) and then
+    to a decode instance (its ``decode_replica``): ``num_requests``, the TTFT and the queueing
+    delay count the requests routed to the replica, ``completed`` and ``output_throughput``
+    those that finished there (``replica``), so that they still add up to the summary's.
     """
     counted, t0, t1 = summary_window(requests, warmup_s, cooldown_s)
     duration = t1 - t0
     replica = requests["replica"]
     finished = counted & (requests["status"] == "finished")
     cached = requests.get("num_cached_tokens")
-    rows: dict[str, list] = {key: [] for key in REPLICA_COLUMNS}
+    pooled = any(record.pool is not None for record in replicas)
+    columns = replica_column_names(pooled)
+    rows: dict[str, list] = {key: [] for key in columns}
     for index, record in enumerate(replicas):
-        mine = counted & (replica == index)
+        served = replica if record.pool is None else requests[f"{record.pool}_replica"]
+        mine = counted & (served == index)
         done = finished & (replica == index)
-        ttft = requests["ttft_ms"][done]
+        ttft = requests["ttft_ms"][finished & (served == index)]
         queue = requests["queue_delay_ms"][mine]
         queue = queue[~np.isnan(queue)]
         it = record.iterations.totals(t0, t1, kv_usage=True)
@@ -94,6 +106,7 @@ def replica_table(
         prompt = int(requests["prompt_tokens"][done].sum())
         values = {
             "replica": index,
+            "pool": record.pool,
             "hardware": record.hardware,
             "tensor_parallel_size": record.tensor_parallel_size,
             "num_gpu_blocks": record.num_gpu_blocks,
@@ -115,15 +128,58 @@ def replica_table(
             if cached is not None and prompt
             else math.nan,
         }
-        for key, value in values.items():
-            rows[key].append(value)
+        for key in columns:
+            rows[key].append(values[key])
     out: Columns = {}
     for key, column in rows.items():
-        if key == "hardware":
+        if key in ("hardware", "pool"):
             out[key] = np.array(column, dtype=object)
         else:
             out[key] = np.array(column, dtype=np.int64 if key in _COUNTS else float)
     return out
+
+
+def replica_column_names(pooled: bool) -> list[str]:
+    """The columns of ``replicas.csv``: :data:`REPLICA_COLUMNS`, with ``pool`` after
+    ``replica`` in a disaggregated run."""
+    if not pooled:
+        return list(REPLICA_COLUMNS)
+    return [REPLICA_COLUMNS[0], "pool", *REPLICA_COLUMNS[1:]]
+
+
+def pool_busy_fractions(table: Columns) -> dict[str, float]:
+    """``prefill_busy_fraction`` and ``decode_busy_fraction``: the mean ``busy_fraction`` of
+    each pool's replicas (``replicas.csv`` of a disaggregated run)."""
+    out = {}
+    for pool in ("prefill", "decode"):
+        mine = table["pool"] == pool
+        out[f"{pool}_busy_fraction"] = float(table["busy_fraction"][mine].mean())
+    return out
+
+
+def transfer_summary(
+    requests: Columns, warmup_s: float = 0.0, cooldown_s: float = 0.0
+) -> dict[str, float]:
+    """The KV transfers of a disaggregated run, over the counted requests whose KV moved:
+    ``num_kv_transfers``, ``mean_kv_transfer_ms`` and ``p99_kv_transfer_ms`` (from the start
+    on the link to the landing), ``mean_kv_wait_ms`` and ``p99_kv_wait_ms`` (from the end of
+    the prefill to that start: waiting for the decode instance's KV space and for the link),
+    ``mean_kv_transfer_bytes``."""
+    counted, _, _ = summary_window(requests, warmup_s, cooldown_s)
+    moved = counted & (requests["kv_transfer_bytes"] > 0)
+    transfer = requests["kv_transfer_ms"][moved]
+    wait = requests["kv_wait_ms"][moved]
+    some = bool(moved.any())
+    return {
+        "num_kv_transfers": int(moved.sum()),
+        "mean_kv_transfer_ms": float(transfer.mean()) if some else math.nan,
+        "p99_kv_transfer_ms": float(np.percentile(transfer, 99)) if some else math.nan,
+        "mean_kv_wait_ms": float(wait.mean()) if some else math.nan,
+        "p99_kv_wait_ms": float(np.percentile(wait, 99)) if some else math.nan,
+        "mean_kv_transfer_bytes": float(requests["kv_transfer_bytes"][moved].mean())
+        if some
+        else math.nan,
+    }
 
 
 _COUNTS = frozenset(

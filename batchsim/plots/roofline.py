@@ -253,6 +253,13 @@ def _gpu(run: Run) -> _Gpu:
     tp = _tp(config)
     cluster = config.get("cluster")
     groups = cluster.get("replicas") if isinstance(cluster, dict) else None
+    pools = cluster.get("disaggregation") if isinstance(cluster, dict) else None
+    if isinstance(pools, dict):  # the prefill pool and the decode pool, as groups
+        groups = [
+            {**pool, "count": pool.get("replicas")}
+            for pool in (pools.get("prefill"), pools.get("decode"))
+            if isinstance(pool, dict)
+        ]
     if not isinstance(groups, list) or not groups:
         return _Gpu(hardware, dtype, tp)
     kinds = []

@@ -133,8 +133,17 @@ def run_title(prefix: str, config: Mapping[str, Any]) -> str:
 
 
 def describe_replicas(cluster: Mapping[str, Any], hardware: str) -> str:
-    """``8 x a100-80gb`` (replicas of the experiment's GPU) or ``2 x h100-sxm + 4 x
-    a100-80gb``."""
+    """``8 x a100-80gb`` (replicas of the experiment's GPU), ``2 x h100-sxm + 4 x
+    a100-80gb``, or ``2 prefill x a100-80gb + 2 decode x a100-80gb``."""
+    pools = cluster.get("disaggregation")
+    if isinstance(pools, Mapping):  # a prefill pool and a decode pool
+        parts = []
+        for pool in ("prefill", "decode"):
+            group = pools.get(pool)
+            group = group if isinstance(group, Mapping) else {}
+            name = Path(str(group.get("hardware") or hardware)).stem
+            parts.append(f"{group.get('replicas', '?')} {pool} x {name}")
+        return " + ".join(parts)
     replicas = cluster.get("replicas")
     if not isinstance(replicas, list):
         return f"{replicas} x {hardware}"

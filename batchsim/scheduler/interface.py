@@ -122,6 +122,9 @@ class Scheduler(abc.ABC):
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         """Requests preempted by swapping, in the order they resume."""
+        self.transferred: deque[Request] | None = None
+        """A decode instance's requests whose KV arrived, waiting for a batch slot (see
+        :meth:`add_transferred`); None elsewhere."""
         self.end_of_input = False
         """True while no further arrival is known (see :meth:`set_end_of_input`)."""
         self._swap_in_blocks = 0  # copied during the current schedule_iteration()
@@ -172,6 +175,10 @@ class Scheduler(abc.ABC):
 
     def reject_reason(self, request: Request) -> str:
         """Why ``request`` can never be served, or '' if it can."""
+        return self.engine_reject_reason(request) or self.policy_reject_reason(request)
+
+    def engine_reject_reason(self, request: Request) -> str:
+        """Why ``request`` can never fit this engine (its length, its KV cache), or ''."""
         total = request.num_prompt_tokens + request.max_tokens
         if self.max_model_len is not None and total > self.max_model_len:
             return f"prompt+output {total} tokens > engine.max_model_len {self.max_model_len}"
@@ -181,11 +188,33 @@ class Scheduler(abc.ABC):
             room = kv.num_blocks - kv.watermark_blocks
             above = " above the admission watermark" if kv.watermark_blocks else ""
             return f"needs {need} KV blocks > KV cache capacity {room}{above}"
-        return self.policy_reject_reason(request)
+        return ""
 
     def policy_reject_reason(self, request: Request) -> str:
         """Policy-specific reason to reject ``request`` at arrival ('' = accept)."""
         return ""
+
+    # ------------------------------------------ a decode instance of a disaggregated cluster
+    def add_transferred(self, request: Request) -> bool:
+        """Take a request whose prompt was computed elsewhere and whose KV cache arrived with
+        it (a decode instance of a disaggregated cluster). It holds the KV blocks of its
+        prompt, so it needs no admission: it joins the running batch at the next
+        :meth:`schedule_iteration` with a free batch slot (``max_num_seqs``), before anything
+        waiting is admitted (as vLLM schedules a request once its remote KV is loaded), and
+        the policy schedules it from then on like any running decode (its first token's KV,
+        computed there, may need a new block). Its fit was checked before its KV moved
+        (:meth:`engine_reject_reason`): never rejected."""
+        if self.transferred is None:
+            self.transferred = deque()
+        self.transferred.append(request)
+        return True
+
+    def _admit_transferred(self, transferred: deque[Request]) -> None:
+        running = self.running
+        while transferred and len(running) < self.max_num_seqs:
+            request = transferred.popleft()
+            request.status = RequestStatus.RUNNING
+            running.append(request)
 
     def cancel(self, request: Request, now: float) -> None:
         """Drop a request whose client disconnected; called at an iteration boundary."""
@@ -195,6 +224,8 @@ class Scheduler(abc.ABC):
             self.running.remove(request)
         elif request.status == RequestStatus.SWAPPED:
             self.swapped.remove(request)
+        elif self.transferred and request in self.transferred:
+            self.transferred.remove(request)
         else:
             self.waiting.remove(request)
         self.kv_cache.free(request)
@@ -203,7 +234,7 @@ class Scheduler(abc.ABC):
         self.on_request_left(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.transferred)
 
     def set_end_of_input(self, ended: bool) -> None:
         """The engine says whether further arrivals are known: True when none is (open loop:
@@ -216,7 +247,15 @@ class Scheduler(abc.ABC):
         """The next iteration: the policy's :meth:`schedule`, with the KV blocks it copied
         between GPU and host memory (swaps) attached to the output."""
         self._swap_in_blocks = self._swap_out_blocks = 0
+        transferred = self.transferred
+        if transferred:
+            self._admit_transferred(transferred)
         output = self.schedule(now)
+        if transferred and output.is_empty and len(self.running) < self.max_num_seqs:
+            # the policy preempted its last running request: a request whose KV is here
+            # takes the slot at this boundary (else nothing would wake the engine for it)
+            self._admit_transferred(transferred)
+            output = self.schedule(now)
         if self._swap_in_blocks or self._swap_out_blocks:
             output.num_swap_in_blocks = self._swap_in_blocks
             output.num_swap_out_blocks = self._swap_out_blocks

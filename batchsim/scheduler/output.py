@@ -35,8 +35,9 @@ class CohortBatch:
 
     @property
     def pure(self) -> bool:
-        """The iteration is the cohort and nothing else."""
-        return not self.loose and self.tail == self.members
+        """The iteration is the cohort and nothing else: no running request outside it, and
+        none added after the running ones (its size says so even for one that is a decode)."""
+        return not self.loose and self.tail == self.members == self.size
 
 
 class SchedulerOutput:

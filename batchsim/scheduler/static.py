@@ -81,7 +81,11 @@ class StaticScheduler(Scheduler):
             if not self.waiting or not self.should_launch(now):
                 return self.make_output([], [])
             batch = self._form_batch()
-            assert batch, "an empty KV cache must hold any accepted request"
+            if not batch:
+                # blocks held outside any batch (a prefill instance's prompts whose KV has
+                # not moved yet) come back at a known time: wait for them
+                assert self.kv_cache.num_used_blocks, "an empty KV cache must hold any request"
+                return self.make_output([], [])
             self.batch_width = len(batch)
             self.batch_prompt_len = max(r.num_prompt_tokens for r in batch)
             tokens = [r.num_remaining_tokens for r in batch]

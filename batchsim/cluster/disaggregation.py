@@ -1,0 +1,227 @@
+"""Disaggregated prefill/decode serving (``cluster.disaggregation``): build the two pools, run
+them, and merge their records.
+
+A prefill pool runs prompts only and a decode pool runs decodes only, each with its own GPU,
+tensor parallelism and batching policy (DistServe, Splitwise, Mooncake). A request's prompt and
+first token come from a prefill instance (TTFT ends there), its KV cache then moves to a decode
+instance over ``kv_transfer.link`` and its other tokens come from there; the move shows up in
+its first inter-token gap. How the request travels, waits for KV space and queues on the link
+is :mod:`batchsim.engine.handoff`'s.
+
+Conventions:
+
+- **Bytes.** A transfer moves the KV of the prompt's tokens (the window's last tokens for a
+  model with a sliding window on every layer), all layers: ``kv_transfer_bytes`` is tokens x
+  the model's KV bytes per token (``2 x layers x KV heads x head dim x dtype bytes``, or MLA's
+  latent).
+- **Tensor parallelism.** Every GPU has its own link (the ``link``'s bandwidth is one GPU's, one
+  direction). The GPUs' shards move at once, so a transfer takes the larger per-GPU shard (of
+  the sending or the receiving side: a TP1 decode instance receives everything over its one
+  link) over one link's bandwidth, plus its latency.
+- **after_prefill**: the transfer starts when the prompt is done (and the decode instance has
+  the space and the link is free): ``latency + bytes / bandwidth``.
+- **layerwise**: the KV streams layer by layer while the prompt's last iteration computes; only
+  ``max(t/L, t - c (L-1)/L)`` of the link time t is left after the prefill ends, c being that
+  iteration's GPU time during which the link was free, L the layers
+  (:func:`~batchsim.cost.comm.layerwise_exposed_time`); then the latency. It assumes the decode
+  instance's blocks were reserved before the prefill began (Splitwise): granted when the decode
+  instance takes them at its first iteration boundary after the prompt is done, else (it had
+  to wait for KV space) the whole transfer follows as with ``after_prefill``.
+- **Link contention**: a prefill instance's transfers use its one outgoing link one at a time
+  in the order they became ready (FIFO); transfers from different prefill instances do not
+  share a link.
+
+This module imports no simpy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from batchsim.catalog.links import load_link
+from batchsim.cluster.config import LinkConfig
+from batchsim.cluster.router import DECODE_ROUTER_STREAM, load_router, make_router
+from batchsim.engine.engine import Engine
+from batchsim.engine.handoff import DisaggregatedDispatcher, KVTransferModel
+from batchsim.errors import ConfigError
+from batchsim.metrics.logs import IterationLog, RequestLog
+from batchsim.metrics.replicas import ReplicaRecord
+from batchsim.scheduler.registry import load_policy
+from batchsim.scheduler.static import StaticScheduler
+from batchsim.simulation import Setup, engine_parts, unused_key_notes
+
+if TYPE_CHECKING:
+    from batchsim.cluster.replicas import ClusterRun
+    from batchsim.config import ExperimentConfig
+    from batchsim.progress import RunProgress
+    from batchsim.workload import RequestTable
+
+POOLS = ("prefill", "decode")
+
+REQUEST_COLUMNS = ["prefill_replica", "decode_replica"]
+"""Columns of a disaggregated run's ``requests.csv`` after ``replica``."""
+TRANSFER_COLUMNS = ["kv_wait_ms", "kv_transfer_ms", "kv_transfer_bytes"]
+"""Columns at the end of a disaggregated run's ``requests.csv``."""
+
+
+def check_disaggregation(config: ExperimentConfig) -> None:
+    """The checks of ``cluster.disaggregation`` that need more than its own block.
+
+    Raises:
+        ConfigError: Naming the key.
+    """
+    from batchsim.cluster.config import group_experiments
+
+    assert config.cluster is not None and config.cluster.disaggregation is not None
+    disaggregation = config.cluster.disaggregation
+    load_router(disaggregation.decode_router, "cluster.disaggregation.decode_router")
+    groups = [group for _, group in group_experiments(config)]
+    for pool, group in zip(("prefill", "decode"), groups):
+        if group.engine.speculative is not None:
+            raise ConfigError(
+                f"cluster.disaggregation.{pool}: engine.speculative is not modelled with "
+                "disaggregated prefill/decode; remove it or run colocated replicas"
+            )
+        if group.engine.enable_prefix_caching:
+            raise ConfigError(
+                f"cluster.disaggregation.{pool}: engine.enable_prefix_caching is not modelled "
+                "with disaggregated prefill/decode yet; set it to false"
+            )
+    decode = groups[1]
+    policy = load_policy(decode.scheduler.policy)
+    if issubclass(policy, StaticScheduler):
+        raise ConfigError(
+            f"cluster.disaggregation.decode.scheduler.policy: {decode.scheduler.policy} "
+            "batching cannot run a decode pool (its batches form around prompts); use "
+            "continuous or chunked_prefill"
+        )
+
+
+def transfer_model(config: ExperimentConfig, prefill: Setup, decode: Setup) -> KVTransferModel:
+    """How long a prompt's KV takes from the prefill pool to the decode pool.
+
+    Raises:
+        ConfigError: The pools store KV in different dtypes.
+    """
+    assert config.cluster is not None and config.cluster.disaggregation is not None
+    spec = config.cluster.disaggregation.kv_transfer
+    sender, receiver = prefill.cost_model, decode.cost_model
+    if sender.kv_dtype != receiver.kv_dtype:
+        raise ConfigError(
+            f"cluster.disaggregation.decode.engine.kv_cache_dtype: the decode pool stores KV "
+            f"as {receiver.kv_dtype}, the prefill pool as {sender.kv_dtype}; a transfer moves "
+            "KV as it is: give both pools one KV dtype"
+        )
+    if isinstance(spec.link, LinkConfig):
+        bandwidth, latency = spec.link.bandwidth_gb_s * 1e9, spec.link.latency_us * 1e-6
+    else:
+        link = load_link(spec.link)
+        bandwidth, latency = link.bandwidth, link.latency
+    model = prefill.model
+    return KVTransferModel(
+        bytes_per_token_per_gpu=max(
+            sender.kv_bytes_per_token_per_gpu, receiver.kv_bytes_per_token_per_gpu
+        ),
+        bytes_per_token=model.kv_bytes_per_token(sender.kv_dtype, sender.dtype),
+        bandwidth=bandwidth,
+        latency=latency,
+        layerwise=spec.mode == "layerwise",
+        num_layers=model.num_hidden_layers,
+        window=model.sliding_window,
+    )
+
+
+def run_disaggregated(
+    config: ExperimentConfig, table: RequestTable, progress: RunProgress | None = None
+) -> ClusterRun:
+    """Simulate ``config`` (with ``cluster.disaggregation``) on the requests of ``table``."""
+    from batchsim.cluster.replicas import ClusterProgress, ClusterRun, build_groups
+
+    cluster = config.cluster
+    assert cluster is not None and cluster.disaggregation is not None
+    disaggregation = cluster.disaggregation
+    pools = build_groups(config)
+    (num_prefill, prefill, prefill_setup), (num_decode, decode, decode_setup) = pools
+    model = transfer_model(config, prefill_setup, decode_setup)
+    notes: list[str] = []
+    for _, experiment, _ in pools:
+        policy = load_policy(experiment.scheduler.policy)
+        notes += [n for n in unused_key_notes(experiment, policy) if n not in notes]
+    # every decode instance is alike: one of their schedulers tells whether a request fits
+    _, judge, _ = engine_parts(decode, decode_setup, load_policy(decode.scheduler.policy))
+    dispatcher = DisaggregatedDispatcher(
+        table,
+        make_router(cluster, config.seed, num_replicas=num_prefill),
+        make_router(
+            cluster,
+            config.seed,
+            name=disaggregation.decode_router,
+            key="cluster.disaggregation.decode_router",
+            num_replicas=num_decode,
+            stream=DECODE_ROUTER_STREAM,
+        ),
+        cluster.router_overhead_ms / 1e3,
+        model,
+        judge.engine_reject_reason,
+    )
+    members = [(prefill, prefill_setup)] * num_prefill + [(decode, decode_setup)] * num_decode
+    links = dispatcher.add_pools(
+        [(prefill_setup.hardware.name, prefill.parallel.tensor_parallel_size)] * num_prefill,
+        [(decode_setup.hardware.name, decode.parallel.tensor_parallel_size)] * num_decode,
+    )
+    on_step = None if progress is None else ClusterProgress(progress, dispatcher)
+    engines = []
+    capacity = 0
+    for link, (experiment, setup) in zip(links, members):
+        kv, scheduler, options = engine_parts(
+            experiment, setup, load_policy(experiment.scheduler.policy)
+        )
+        capacity += kv.capacity_tokens
+        engines.append(Engine(scheduler, setup.cost_model, None, options, on_step, link=link))
+    if on_step is not None:
+        on_step.engines = engines
+    dispatcher.run(engines)
+    for engine, link in zip(engines, links):
+        engine.check_done()
+        kv = engine.scheduler.kv_cache
+        assert kv.num_free_blocks == kv.num_blocks, "KV blocks left held after the run"
+        handed_off = getattr(link, "num_handed_off", 0)
+        left = engine.request_log.num_rows + handed_off
+        assert left == engine.num_arrived, "a request never left"
+    assert not any(link.pending or link.arrivals for link in dispatcher.decode_links)
+    offsets, total = [], 0
+    for engine in engines:
+        offsets.append(total)
+        total += engine.iterations.num_rows
+    records = [
+        ReplicaRecord(
+            setup.hardware.name,
+            experiment.parallel.tensor_parallel_size,
+            engine.scheduler.kv_cache.num_blocks,
+            engine.iterations,
+            pool=POOLS[index >= num_prefill],
+        )
+        for index, (engine, (experiment, setup)) in enumerate(zip(engines, members))
+    ]
+    # a handed-off request's first token: its prefill instance's iteration, numbered on
+    # across the cluster's log
+    first_runs = dispatcher.prefill_iteration.copy()
+    moved = first_runs >= 0
+    first_runs[moved] += np.asarray(offsets)[dispatcher.prefill_replica[moved]]
+    request_log = RequestLog.concatenate(
+        [e.request_log for e in engines] + [dispatcher.rejected],
+        [*offsets, 0],
+        replicas=[*range(len(engines)), -1],
+        first_runs=first_runs,
+    )
+    iterations = IterationLog.concatenate([e.iterations for e in engines])
+    by_request = {
+        "prefill_replica": dispatcher.prefill_replica,
+        "decode_replica": dispatcher.decode_replica,
+        "kv_wait_ms": dispatcher.kv_wait * 1e3,
+        "kv_transfer_ms": dispatcher.kv_transfer * 1e3,
+        "kv_transfer_bytes": dispatcher.kv_bytes,
+    }
+    return ClusterRun(request_log, iterations, records, capacity, notes, by_request=by_request)
