@@ -24,11 +24,10 @@ from test_invariants import disaggregated_experiments
 
 from batchsim import cli
 from batchsim.catalog import catalog_dir
-from batchsim.config import validate_experiment
 from batchsim.engine import handoff
 from batchsim.errors import ConfigError
-from batchsim.simulation import Result, simulate
-from conftest import tiny_experiment
+from batchsim.simulation import Result
+from conftest import simulate_data, tiny_experiment
 
 # Llama-2-7B (models/llama-2-7b.yaml): 32 layers, 32 KV heads (no GQA), head dim 4096 / 32 =
 # 128, bf16 KV: 2 (K and V) x 32 x 32 x 128 x 2 bytes per token.
@@ -38,7 +37,7 @@ LLAMA2_LAYERS = 32
 
 
 def sim(data: dict[str, Any]) -> Result:
-    return simulate(validate_experiment(data))
+    return simulate_data(data)
 
 
 def one_request(prompt: int, output: int, **overrides: Any) -> dict[str, Any]:

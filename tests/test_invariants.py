@@ -365,6 +365,7 @@ def disaggregated_experiments(draw: st.DrawFn) -> dict[str, Any]:
     """:func:`experiments` on a prefill pool and a decode pool, each with its
     own (small) KV cache; the decode pool runs continuous batching or chunked prefill."""
     data = draw(experiments())
+    data["engine"].pop("enable_prefix_caching", None)  # not modelled with disaggregation
     policy = draw(st.sampled_from(["continuous", "chunked_prefill"]))
     decode_scheduler: dict[str, Any] = {"policy": policy}
     if policy == "continuous":
