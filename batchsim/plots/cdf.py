@@ -34,7 +34,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from batchsim.errors import ConfigError
 from batchsim.metrics.slots import SLOT_COLUMNS, SLOT_STATES
 from batchsim.plots.data import TABLE_FORMATS, Run, Study
-from batchsim.plots.style import describe_load, finish, new_figure, series_colors
+from batchsim.plots.style import catalog_name, describe_load, finish, new_figure, series_colors
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -440,8 +440,8 @@ def _describe(runs: list[Run]) -> str:
 
 
 def _where(config: dict[str, Any]) -> str:
-    model = Path(str(config.get("model", "?"))).stem
-    hardware = Path(str(config.get("hardware", "?"))).stem
+    model = catalog_name(config.get("model", "?"))
+    hardware = catalog_name(config.get("hardware", "?"))
     tp = (config.get("parallel") or {}).get("tensor_parallel_size", 1)
     return f"{model} on {hardware}" + (f" x{tp}" if tp and tp > 1 else "")
 

@@ -304,7 +304,7 @@ class Study:
             else:
                 rows = ran.loc[indices]
             series.append(Series(values_label(values), values, rows, points))
-        return series
+        return _compact_labels(series)
 
     @functools.cached_property
     def base_config(self) -> dict[str, Any]:
@@ -355,6 +355,52 @@ def values_label(values: dict[str, Any]) -> str:
         return value_text(next(iter(values.values())))
     short = short_names(list(values))
     return ", ".join(f"{short[key]}={value_text(value)}" for key, value in values.items())
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    """A whole block's value in a sweep table (JSON text of a mapping), else None."""
+    if not isinstance(value, str) or not value.lstrip().startswith("{"):
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _compact_labels(series: list[Series]) -> list[Series]:
+    """Labels of series that vary a whole block (``engine.speculative={...}``) name only the
+    keys of the block that differ between the series, and a point without the block (an
+    empty cell) says ``none``: a legend of full JSON mappings would not fit the figure."""
+    keys = {k for s in series for k, v in s.values.items() if _mapping(v) is not None}
+    if not keys:
+        return series
+    differing: dict[str, list[str]] = {}
+    for key in keys:
+        blocks = [_mapping(s.values.get(key)) for s in series]
+        present = [b for b in blocks if b is not None]
+        inner = sorted(
+            {k for b in present for k in b},
+            key=lambda k: min(list(b).index(k) if k in b else len(b) for b in present),
+        )
+        differing[key] = [
+            k for k in inner if len({json.dumps(b.get(k), sort_keys=True) for b in present}) > 1
+        ] or inner
+    out = []
+    for s in series:
+        shown: dict[str, Any] = {}
+        for key, value in s.values.items():
+            block = _mapping(value)
+            if key not in keys:
+                shown[key] = value
+            elif block is None:
+                shown[key] = "none"
+            else:
+                shown[key] = " ".join(
+                    f"{k}={value_text(block.get(k))}" for k in differing[key] if k in block
+                )
+        out.append(Series(values_label(shown), s.values, s.rows, s.points))
+    return out
 
 
 def _blank(column: pd.Series) -> pd.Series:

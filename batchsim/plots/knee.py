@@ -491,8 +491,14 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     for target in (ax, ax_batch):
         target.grid(True, which="major", alpha=0.3)
     ax_batch.legend(loc="upper left", fontsize="small", framealpha=0.9)
-    fig.legend(handles=handles, loc="outside lower left", fontsize="small", frameon=False)
-    fig.legend(handles=style, loc="outside lower right", fontsize="small", frameon=False)
+    longest = max((len(str(h.get_label())) for h in handles), default=0)
+    if longest <= 60:  # the series on the left, what the marks mean on the right
+        fig.legend(handles=handles, loc="outside lower left", fontsize="small", frameon=False)
+        fig.legend(handles=style, loc="outside lower right", fontsize="small", frameon=False)
+    else:  # long series names (a varied block): one legend, the marks after the series
+        fig.legend(
+            handles=[*handles, *style], loc="outside lower left", fontsize="small", frameon=False
+        )
     what = f"Output throughput and {metric_label(metric).replace(' (ms)', '')} vs batch cap"
     fig.suptitle(f"{what}\n{describe_study(study.base_config, study.varied)}")
     return fig

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study
-from batchsim.plots.style import PHASE_COLORS, finish, new_figure, run_title
+from batchsim.plots.style import PHASE_COLORS, catalog_name, finish, new_figure, run_title
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -277,7 +276,7 @@ def _gpu(run: Run) -> _Gpu:
     if len({kind[:3] for kind in kinds}) == 1:
         return _Gpu(*kinds[0][:3])
     first_hardware, first_dtype, first_tp, count = kinds[0]
-    name = Path(str(first_hardware)).stem
+    name = catalog_name(first_hardware)
     last = f"-{count - 1}" if count > 1 else ""
     note = f"replicas 0{last} ({count} x {name}) of {sum(k[3] for k in kinds)}"
     return _Gpu(first_hardware, first_dtype, first_tp, list(range(count)), (note,))

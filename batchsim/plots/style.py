@@ -112,8 +112,8 @@ def new_figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, A
 
 def describe_run(config: Mapping[str, Any]) -> str:
     """``llama-2-7b on a100-80gb, continuous, Poisson 8 req/s``: what a run simulated."""
-    model = Path(str(config.get("model", "?"))).stem
-    hardware = Path(str(config.get("hardware", "?"))).stem
+    model = catalog_name(config.get("model", "?"))
+    hardware = catalog_name(config.get("hardware", "?"))
     tp = (config.get("parallel") or {}).get("tensor_parallel_size", 1)
     where = f"{model} on {hardware}" + (f" x{tp}" if tp and tp > 1 else "")
     cluster = config.get("cluster")
@@ -121,6 +121,19 @@ def describe_run(config: Mapping[str, Any]) -> str:
         where = f"{model} on {describe_replicas(cluster, hardware)}, {cluster.get('router', '?')}"
     policy = (config.get("scheduler") or {}).get("policy", "?")
     return ", ".join(p for p in (where, str(policy), describe_load(config)) if p)
+
+
+def catalog_name(value: Any) -> str:
+    """A model or GPU as a title names it: a catalog name as it is (``llama-3.1-8b``,
+    ``qwen2.5-7b``: dots are part of the name), a YAML file by its stem, a Hugging Face
+    ``config.json`` by its folder."""
+    text = str(value)
+    path = Path(text)
+    if path.name == "config.json" and path.parent.name:
+        return path.parent.name
+    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+        return path.stem
+    return path.name or text
 
 
 def run_title(prefix: str, config: Mapping[str, Any]) -> str:
@@ -141,7 +154,7 @@ def describe_replicas(cluster: Mapping[str, Any], hardware: str) -> str:
         for pool in ("prefill", "decode"):
             group = pools.get(pool)
             group = group if isinstance(group, Mapping) else {}
-            name = Path(str(group.get("hardware") or hardware)).stem
+            name = catalog_name(group.get("hardware") or hardware)
             parts.append(f"{group.get('replicas', '?')} {pool} x {name}")
         return " + ".join(parts)
     replicas = cluster.get("replicas")
@@ -150,7 +163,7 @@ def describe_replicas(cluster: Mapping[str, Any], hardware: str) -> str:
     parts = []
     for group in replicas:
         if isinstance(group, Mapping):
-            name = Path(str(group.get("hardware") or hardware)).stem
+            name = catalog_name(group.get("hardware") or hardware)
             parts.append(f"{group.get('count', '?')} x {name}")
     return " + ".join(parts)
 
@@ -188,8 +201,8 @@ def describe_study(config: Mapping[str, Any], varied: Sequence[str]) -> str:
     described = ("model", "hardware", "parallel", "scheduler.policy", "workload")
     if not any(varies(key) for key in described):
         return describe_run(config)
-    model = "models varied" if varies("model") else Path(str(config.get("model", "?"))).stem
-    hardware = "GPUs varied" if varies("hardware") else Path(str(config.get("hardware", "?"))).stem
+    model = "models varied" if varies("model") else catalog_name(config.get("model", "?"))
+    hardware = "GPUs varied" if varies("hardware") else catalog_name(config.get("hardware", "?"))
     where = f"{model} on {hardware}"
     if varies("parallel.tensor_parallel_size"):
         where += ", TP varied"

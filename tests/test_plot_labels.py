@@ -1,0 +1,38 @@
+"""How figures name what was run: catalog names with dots, and series that vary a whole block."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from batchsim.plots.data import Series, _compact_labels
+from batchsim.plots.style import catalog_name, describe_run
+
+
+def test_catalog_names_keep_their_dots_and_files_lose_their_folders():
+    assert catalog_name("llama-3.1-8b") == "llama-3.1-8b"
+    assert catalog_name("qwen2.5-7b") == "qwen2.5-7b"
+    assert catalog_name("profiles/my-gpu.v2.yaml") == "my-gpu.v2"
+    assert catalog_name("/models/Qwen3-8B/config.json") == "Qwen3-8B"
+    title = describe_run({"model": "llama-3.2-1b", "hardware": "h100-sxm", "scheduler": {}})
+    assert title.startswith("llama-3.2-1b on h100-sxm")
+
+
+def _series(value: object) -> Series:
+    return Series("?", {"engine.speculative": value}, pd.DataFrame(), [])
+
+
+def test_a_varied_block_is_named_by_the_keys_that_differ_and_a_missing_one_as_none():
+    draft = {"method": "draft", "draft_model": "llama-3.2-1b"}
+    blocks = [
+        float("nan"),  # the point without the block: an empty sweep.csv cell
+        json.dumps({**draft, "num_speculative_tokens": 2, "acceptance_rate": 0.6}),
+        json.dumps({**draft, "num_speculative_tokens": 4, "acceptance_rate": 0.8}),
+    ]
+    labels = [s.label for s in _compact_labels([_series(b) for b in blocks])]
+    assert labels == [
+        "speculative=none",
+        "speculative=num_speculative_tokens=2 acceptance_rate=0.6",
+        "speculative=num_speculative_tokens=4 acceptance_rate=0.8",
+    ]
