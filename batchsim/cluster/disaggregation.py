@@ -43,7 +43,6 @@ import numpy as np
 from batchsim.catalog.links import load_link
 from batchsim.cluster.config import LinkConfig
 from batchsim.cluster.router import DECODE_ROUTER_STREAM, load_router, make_router
-from batchsim.engine.engine import Engine
 from batchsim.engine.handoff import DisaggregatedDispatcher, KVTransferModel
 from batchsim.errors import ConfigError
 from batchsim.metrics.logs import IterationLog, RequestLog
@@ -137,7 +136,7 @@ def run_disaggregated(
     config: ExperimentConfig, table: RequestTable, progress: RunProgress | None = None
 ) -> ClusterRun:
     """Simulate ``config`` (with ``cluster.disaggregation``) on the requests of ``table``."""
-    from batchsim.cluster.replicas import ClusterProgress, ClusterRun, build_groups
+    from batchsim.cluster.replicas import ClusterRun, build_groups, run_engines
 
     cluster = config.cluster
     assert cluster is not None and cluster.disaggregation is not None
@@ -171,18 +170,7 @@ def run_disaggregated(
         [(prefill_setup.hardware.name, prefill.parallel.tensor_parallel_size)] * num_prefill,
         [(decode_setup.hardware.name, decode.parallel.tensor_parallel_size)] * num_decode,
     )
-    on_step = None if progress is None else ClusterProgress(progress, dispatcher)
-    engines = []
-    capacity = 0
-    for link, (experiment, setup) in zip(links, members):
-        kv, scheduler, options = engine_parts(
-            experiment, setup, load_policy(experiment.scheduler.policy)
-        )
-        capacity += kv.capacity_tokens
-        engines.append(Engine(scheduler, setup.cost_model, None, options, on_step, link=link))
-    if on_step is not None:
-        on_step.engines = engines
-    dispatcher.run(engines)
+    engines, capacity = run_engines(dispatcher, links, members, progress)
     for engine, link in zip(engines, links):
         engine.check_done()
         kv = engine.scheduler.kv_cache

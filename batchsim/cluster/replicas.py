@@ -74,18 +74,7 @@ def run_cluster(
     links = dispatcher.add_replicas(
         [(setup.hardware.name, e.parallel.tensor_parallel_size) for e, setup in replicas]
     )
-    on_step = None if progress is None else ClusterProgress(progress, dispatcher)
-    engines = []
-    capacity = 0
-    for link, (experiment, setup) in zip(links, replicas):
-        kv, scheduler, options = engine_parts(
-            experiment, setup, load_policy(experiment.scheduler.policy)
-        )
-        capacity += kv.capacity_tokens
-        engines.append(Engine(scheduler, setup.cost_model, None, options, on_step, link=link))
-    if on_step is not None:
-        on_step.engines = engines
-    dispatcher.run(engines)
+    engines, capacity = run_engines(dispatcher, links, replicas, progress)
     for engine in engines:
         engine.check_done()
         assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
@@ -156,3 +145,27 @@ class _Sum:
     @property
     def num_rows(self) -> int:
         return sum(getattr(e, self.attribute).num_rows for e in self.owner.engines)
+
+
+def run_engines(
+    dispatcher: Any,
+    links: Sequence[Any],
+    members: Sequence[tuple[ExperimentConfig, Setup]],
+    progress: RunProgress | None,
+) -> tuple[list[Engine], int]:
+    """Build one engine per ``(experiment, setup)`` of ``members`` on its dispatcher link, run
+    them all on the dispatcher's clock, and return them with their total KV capacity
+    (tokens)."""
+    on_step = None if progress is None else ClusterProgress(progress, dispatcher)
+    engines = []
+    capacity = 0
+    for link, (experiment, setup) in zip(links, members):
+        kv, scheduler, options = engine_parts(
+            experiment, setup, load_policy(experiment.scheduler.policy)
+        )
+        capacity += kv.capacity_tokens
+        engines.append(Engine(scheduler, setup.cost_model, None, options, on_step, link=link))
+    if on_step is not None:
+        on_step.engines = engines
+    dispatcher.run(engines)
+    return engines, capacity
