@@ -15,14 +15,21 @@ How a setup maps onto an experiment:
     batch``; "throughput" is generated tokens / time of the whole batch (per GPU on H100),
     "1st token latency" a batch of one with one output token (its TTFT). The published batch
     ran as one batch, so the KV cache is sized to hold it (``engine.num_gpu_blocks``): memory
-    limits are the engine's, not what is validated here. H100 rows are FP8 weights and FP8 KV
+    limits are the engine's, not what is validated here; for the same reason admission keeps
+    no watermark of free blocks (``engine.watermark: 0``), else the last requests of the batch
+    would run as a second batch. H100 rows are FP8 weights and FP8 KV
     cache (``--enable_fp8 --fp8_kv_cache``), A100 rows FP16.
   * vLLM PR #2192 (``benchmarks/benchmark_latency.py``, vLLM 0.2.7, V0): ``batch`` prompts of
     256 tokens generating 256 tokens each, submitted together; the reported latency is the time
     until the whole batch finished (the run's duration). V0 without chunked prefill packs
     prompts up to ``max_num_batched_tokens = max(max_model_len, 2048)`` = 4096 for Llama-2.
     "before" used NCCL (the A100 profile's fitted 31 us), "after" the custom all-reduce (the
-    preset's).
+    preset's). vLLM 0.2.7 drove its tensor-parallel workers through Ray, which the vllm-v0
+    preset (a single-process V0 engine) does not charge: these rows set the CPU time per
+    iteration measured for this very setup (Llama-2-70B, TP 4, A100, a vLLM-derived engine with
+    Ray workers) in Vidur's ``a100_cpu_overheads.csv`` (MIT): schedule + sampler +
+    prepare_inputs + process_model_outputs, medians fitted linear in the batch (1.39 ms +
+    0.043 ms per request), plus ``ray_comm_time`` 6.77 ms (median of its 13 batch sizes).
 
 Rows whose setup could not be pinned down from the source (unknown GPU variant, per-GPU or
 total throughput unclear for TP > 1 on A100, a model batchsim lacks) are left out.
@@ -100,8 +107,19 @@ def _trt(
     )
 
 
+# CPU time per iteration of a TP-4 engine driven through Ray (Llama-2-70B on A100): Vidur's
+# a100_cpu_overheads.csv medians, linear fit over batch 8..128, plus the Ray communication time
+RAY_TP4_CPU_MS = 1.39 + 6.77
+RAY_TP4_CPU_PER_SEQ_MS = 0.043
+
+
 def _vllm(batch: int, value: float, custom: bool) -> Published:
-    engine: dict[str, Any] = {} if custom else {"all_reduce_latency_us": 31.0}
+    engine: dict[str, Any] = {
+        "cpu_overhead_ms": RAY_TP4_CPU_MS,
+        "cpu_overhead_per_seq_ms": RAY_TP4_CPU_PER_SEQ_MS,
+    }
+    if not custom:
+        engine["all_reduce_latency_us"] = 31.0
     return Published(
         source="vLLM PR #2192 (custom all-reduce)",
         url=VLLM_2192,
@@ -160,6 +178,7 @@ def experiment(row: Published) -> dict[str, Any]:
         block = 64  # the preset's block size (TensorRT-LLM tokens_per_block)
         per_seq = math.ceil((row.input_len + row.output_len) / block)
         engine["num_gpu_blocks"] = row.batch * per_seq
+        engine["watermark"] = 0.0
     return {
         "name": "validate",
         "seed": 0,
