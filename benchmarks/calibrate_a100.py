@@ -96,16 +96,28 @@ def predict_layer_ops(meas: Measurements, hw: HardwareProfile) -> pd.DataFrame:
     return pd.DataFrame(rows, index=ops.index)
 
 
-def layer_points(ops: pd.DataFrame, pred: pd.DataFrame) -> pd.DataFrame:
-    """Long table: model, tp, num_tokens, op, measured_s, predicted_s, err_pct."""
+def layer_points(
+    ops: pd.DataFrame,
+    pred: pd.DataFrame,
+    groups: dict[str, tuple[list[str], list[str]]] = GROUPS,
+) -> pd.DataFrame:
+    """Long table: model, tp, num_tokens, op, measured_s, predicted_s, err_pct; and the
+    group's flops and bytes when ``pred`` has them (``predict_layer_ops``).
+
+    ``groups``: op name -> (measured kernels, predicted kernels) summed into it.
+    """
     recs = []
-    for group, (meas_cols, pred_cols) in GROUPS.items():
+    for group, (meas_cols, pred_cols) in groups.items():
         meas = ops[meas_cols].sum(axis=1)
         p = pred[pred_cols].sum(axis=1)
         part = ops[["model", "tp", "num_tokens"]].copy()
         part["op"] = group
         part["measured_s"] = meas
         part["predicted_s"] = p
+        for work in ("flops", "bytes"):
+            cols = [f"{c}:{work}" for c in pred_cols]
+            if set(cols) <= set(pred.columns):
+                part[work] = pred[cols].sum(axis=1)
         recs.append(part)
     out = pd.concat(recs, ignore_index=True)
     out["err_pct"] = (out.predicted_s / out.measured_s - 1.0) * 100.0
