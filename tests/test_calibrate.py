@@ -275,19 +275,11 @@ def test_the_fast_layer_model_prices_as_the_cost_model_does() -> None:
         p=st.floats(1.0, 6.0),
         ew=st.floats(0.2, 1.0),
         ew_kernel=st.floats(0.0, 10.0),
-        ew_sm=st.floats(1.0, 50.0),
     )
     def check(
-        compute: float,
-        memory: float,
-        kernel: float,
-        p: float,
-        ew: float,
-        ew_kernel: float,
-        ew_sm: float,
+        compute: float, memory: float, kernel: float, p: float, ew: float, ew_kernel: float
     ) -> None:
         values = {
-            "elementwise_sm_gflop_s": ew_sm,
             "compute": compute,
             "memory": memory,
             "min_kernel_time_us": kernel,

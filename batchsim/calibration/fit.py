@@ -12,8 +12,8 @@ profile's values):
 ============== ======================================================== ======================
 family         terms                                                    points
 ============== ======================================================== ======================
-elementwise    ``elementwise``, ``elementwise_kernel_time_us``,         norms + rotary + add
-               ``elementwise_sm_gflop_s``                               + activation
+elementwise    ``elementwise``, ``elementwise_kernel_time_us``          norms + rotary + add
+                                                                        + activation
 GEMM           ``compute``, ``memory``, ``min_kernel_time_us``,         qkv_proj, o_proj, mlp
                ``transition_exponent``
 attention      the seven ``attention*`` terms                           decode and prefill
@@ -37,7 +37,6 @@ import pandas as pd
 
 from batchsim.calibration.measured import LAYER_GROUPS, Measurements
 from batchsim.calibration.predict import (
-    KERNEL_KINDS,
     LayerOpModel,
     predict_all_reduce,
     predict_attention,
@@ -70,7 +69,7 @@ FOLD_SEED = 0
 """Seed of the generator that deals units to folds (the split is part of the method)."""
 KNEE = (64, 512)
 DECODE = (1, 32)
-ELEMENTWISE_TERMS = ("elementwise", "elementwise_kernel_time_us", "elementwise_sm_gflop_s")
+ELEMENTWISE_TERMS = ("elementwise", "elementwise_kernel_time_us")
 GEMM_TERMS = ("compute", "memory", "min_kernel_time_us", "transition_exponent")
 ATTENTION_TERMS = (
     "attention_kernel_time_us",
@@ -193,11 +192,11 @@ def _layer_measured(table: pd.DataFrame) -> dict[str, np.ndarray]:
             out[group] = table[list(ops)].sum(axis=1, min_count=len(ops)).to_numpy(dtype=float)
         else:
             out[group] = np.full(len(table), np.nan)
-    for kind, ops in KERNEL_KINDS.items():
-        if all(op in table.columns for op in ops):
-            out[kind] = table[list(ops)].sum(axis=1, min_count=len(ops)).to_numpy(dtype=float)
-        else:
-            out[kind] = np.full(len(table), np.nan)
+    out["act"] = (
+        table["mlp_act"].to_numpy(dtype=float)
+        if "mlp_act" in table.columns
+        else np.full(len(table), np.nan)
+    )
     return out
 
 
@@ -249,42 +248,37 @@ def _layer_values(hw: HardwareProfile) -> dict[str, float]:
 def _fit_elementwise(data: FitData, values: dict[str, float], rows: np.ndarray, fit: Fit) -> None:
     assert data.layer is not None
     meas = data.layer_measured
-    # every measured kernel kind is a point: the kinds' FLOPs per byte tell the SM-side rate
-    # from the memory-side efficiency (their sum per layer could not)
-    uses = {k: rows & ~np.isnan(meas[k]) for k in KERNEL_KINDS}
-    uses = {k: u for k, u in uses.items() if u.any()}
-    if sum(int(u.sum()) for u in uses.values()) < MIN_POINTS["elementwise"]:
+    target = meas["elementwise"].copy()
+    with_act = ~np.isnan(meas["act"])
+    target[with_act] += meas["act"][with_act]
+    use = rows & ~np.isnan(target)
+    if use.sum() < MIN_POINTS["elementwise"]:
         return
-    tokens_all = data.meas.layer_ops["num_tokens"].to_numpy()
-    target = np.concatenate([meas[k][u] for k, u in uses.items()])
-    tokens = np.concatenate([tokens_all[u] for u in uses.values()])
+    tokens = data.meas.layer_ops["num_tokens"].to_numpy()[use]
     layer = data.layer
 
     def score(v: dict[str, float]) -> float:
-        pred = np.concatenate([layer.elementwise_times(v, k)[u] for k, u in uses.items()])
-        return layer_score(abs_err_pct(pred, target), tokens)
+        pred = layer.elementwise_times(v, "elementwise") + np.where(
+            with_act, layer.elementwise_times(v, "act"), 0.0
+        )
+        return layer_score(abs_err_pct(pred[use], target[use]), tokens)
 
     base_eff, base_t = values["elementwise"], values["elementwise_kernel_time_us"]
-    base_r = values["elementwise_sm_gflop_s"]
     grid_t = [base_t * f for f in (0.5, 0.75, 1.0, 1.25, 1.5)] if base_t > 0 else [0, 1, 2, 3, 4]
     best: tuple[float, dict[str, float]] | None = None
-    for f in (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.6, 1.8):
+    for f in (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4):
         eff = min(1.0, base_eff * f)
         for t in grid_t:
-            for fr in (0.5, 0.7, 1.0, 1.4, 2.0):
-                trial = dict(
-                    values,
-                    elementwise=round_sig(eff),
-                    elementwise_kernel_time_us=round_sig(t),
-                    elementwise_sm_gflop_s=round_sig(base_r * fr),
-                )
-                s = score(trial)
-                if best is None or s < best[0]:
-                    best = (s, trial)
+            trial = dict(
+                values, elementwise=round_sig(eff), elementwise_kernel_time_us=round_sig(t)
+            )
+            s = score(trial)
+            if best is None or s < best[0]:
+                best = (s, trial)
     assert best is not None
     found, _ = coordinate_search(score, best[1], ELEMENTWISE_TERMS)
     values.update({k: found[k] for k in ELEMENTWISE_TERMS})
-    fit.families["elementwise"] = len(target)
+    fit.families["elementwise"] = int(use.sum())
 
 
 def _fit_gemm(data: FitData, values: dict[str, float], rows: np.ndarray, fit: Fit) -> None:

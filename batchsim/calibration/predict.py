@@ -8,9 +8,9 @@ times:
 * :class:`LayerOpModel` prices every layer-op point once at unit efficiencies and keeps each
   kernel's compute and memory time; the time for other GEMM and elementwise terms is then
   ``n x fixed time + smoothmax(t_c / compute, t_m / memory, p)`` (GEMMs) and ``n x fixed
-  time + smoothmax(t_sm / SM rate, t_m / efficiency, p)`` (elementwise), in numpy. The tile
-  choice does not depend on those terms (every tile's time scales alike), so this equals
-  pricing each point again; ``tests/test_calibrate.py`` checks it against :func:`layer_breakdown`.
+  time + t_m / efficiency`` (elementwise), in numpy. The tile choice does not depend on those
+  terms (every tile's time scales alike), so this equals pricing each point again;
+  ``tests/test_calibrate.py`` checks it against :func:`layer_breakdown`.
 * :func:`predict_attention` prices attention points with the cost model's attention kernel.
 
 Must not import the engine or the scheduler.
@@ -34,7 +34,6 @@ from batchsim.cost.layers import ElementwiseKernel, activation_flops
 
 __all__ = [
     "CPU_TERMS",
-    "KERNEL_KINDS",
     "LayerOpModel",
     "layer_breakdown",
     "predict_all_reduce",
@@ -128,18 +127,9 @@ _UNIT = {
     "elementwise": 1.0,
     "min_kernel_time_us": 0.0,
     "elementwise_kernel_time_us": 0.0,
-    "elementwise_sm_gflop_s": 1.0,
 }
 _GEMM_GROUPS = {"qkv_proj": ("qkv_proj",), "o_proj": ("o_proj",), "mlp": ("mlp_up", "mlp_down")}
 _ELEMENTWISE_GROUPS = {"mlp": ("mlp_act",), "elementwise": ("norms", "rope", "add")}
-KERNEL_KINDS = {
-    "norms": ("input_layernorm", "post_attention_layernorm"),
-    "rope": ("attn_rope",),
-    "add": ("add",),
-    "act": ("mlp_act",),
-}
-"""The elementwise kernels by kind and the measured ops of each (the SM-side and memory-side
-terms are told apart by the kinds' FLOPs per byte, so they are fitted per kind)."""
 
 
 class LayerOpModel:
@@ -164,9 +154,8 @@ class LayerOpModel:
         self.num_points = n = len(points)
         unit = with_terms(hw, _UNIT)
         gemm: dict[str, list[tuple[int, float, float]]] = {g: [] for g in _GEMM_GROUPS}
-        # (point, launches, memory time at unit efficiency, SM time at 1 GFLOP/s per SM)
-        elem: dict[str, list[tuple[int, float, float, float]]] = {
-            g: [] for g in (*_ELEMENTWISE_GROUPS, *KERNEL_KINDS)
+        elem: dict[str, list[tuple[int, float, float]]] = {
+            g: [] for g in (*_ELEMENTWISE_GROUPS, "act")
         }
         if n:
             for name, tp, index in _by_config(points):
@@ -187,20 +176,16 @@ class LayerOpModel:
                                 k = cm.gemm.price(g, rows)
                                 gemm[group].append((i, k.compute_time, k.memory_time))
                     act = rows * layers.activation_width * layers.gate_factor
-                    sm = cm.elementwise.sm_peak
                     k = cm.elementwise.price(act, activation_flops(act), 1)
-                    elem["mlp"].append((i, 1.0, k.memory_time, k.flops / sm))
-                    elem["act"].append((i, 1.0, k.memory_time, k.flops / sm))
-                    kinds = (("norms", layers.norms), ("rope", layers.rope))
-                    for name, kern in (*kinds, ("add", layers.residual_add)):
+                    elem["mlp"].append((i, 1.0, k.memory_time))
+                    elem["act"].append((i, 1.0, k.memory_time))
+                    for kern in (layers.norms, layers.rope, layers.residual_add):
                         if kern.launches == 0 and kern.elems == 0:
                             continue
                         k = cm.elementwise.price(
                             rows * kern.elems, rows * kern.flops, kern.launches
                         )
-                        row = (i, float(kern.launches), k.memory_time, k.flops / sm)
-                        elem["elementwise"].append(row)
-                        elem[name].append(row)
+                        elem["elementwise"].append((i, float(kern.launches), k.memory_time))
 
         def arrays(rows: list[tuple[int, float, float]]) -> tuple[np.ndarray, ...]:
             if not rows:
@@ -208,30 +193,15 @@ class LayerOpModel:
             idx, a, b = zip(*rows, strict=True)
             return (np.asarray(idx, np.int64), np.asarray(a, float), np.asarray(b, float))
 
-        def arrays4(rows: list[tuple[int, float, float, float]]) -> tuple[np.ndarray, ...]:
-            if not rows:
-                return (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
-            idx, a, b, c = zip(*rows, strict=True)
-            return (
-                np.asarray(idx, np.int64),
-                np.asarray(a, float),
-                np.asarray(b, float),
-                np.asarray(c, float),
-            )
-
         self._gemm = {g: arrays(rows) for g, rows in gemm.items()}
-        self._elem = {g: arrays4(rows) for g, rows in elem.items()}
+        self._elem = {g: arrays(rows) for g, rows in elem.items()}
 
     def elementwise_times(self, values: Mapping[str, float], group: str) -> np.ndarray:
         """Per-point time of the elementwise kernels of ``group`` (``mlp``: the activation,
-        ``elementwise``, or one of :data:`KERNEL_KINDS`), s."""
-        idx, launches, tm, tsm = self._elem[group]
+        ``elementwise``, ``act``), s."""
+        idx, launches, tm = self._elem[group]
         fixed = values["elementwise_kernel_time_us"] * 1e-6
-        t = launches * fixed + smoothmax(
-            tsm / values["elementwise_sm_gflop_s"],
-            tm / values["elementwise"],
-            values["transition_exponent"],
-        )
+        t = launches * fixed + tm / values["elementwise"]
         return np.bincount(idx, weights=t, minlength=self.num_points)
 
     def gemm_times(self, values: Mapping[str, float], group: str) -> np.ndarray:

@@ -213,32 +213,20 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         "appends the new keys/values to the paged cache and rotates them in its prologue)",
     ),
     "elementwise": EfficiencyKey(
-        default=1.0,
+        default=0.55,
         per_si=1.0,
         ideal=1.0,
         fraction=True,
         si_name="elementwise_efficiency",
-        doc="achievable fraction of memory bandwidth in norm/activation/rotary/add kernels "
-        "(their memory side)",
+        doc="achievable fraction of memory bandwidth in norm/activation/rotary/add kernels",
     ),
     "elementwise_kernel_time_us": EfficiencyKey(
-        default=2.201,
+        default=3.0,
         per_si=1e6,
         ideal=0.0,
         fraction=False,
         si_name="elementwise_kernel_time",
         doc="fixed time added to every elementwise kernel (norm, activation, rotary, KV write)",
-    ),
-    "elementwise_sm_gflop_s": EfficiencyKey(
-        default=7.636,
-        per_si=1e-9,
-        ideal=7.636e9,  # unused: the ideal roofline prices elementwise FLOPs at the dense peak
-        fraction=False,
-        si_name="elementwise_sm_rate",
-        doc="FLOP/s one SM sustains in norm/activation/rotary/add kernels, GFLOP/s per SM: "
-        "their SM-side limit (x num_compute_units), joined to the memory time by the p-norm",
-        minimum=0.001,
-        maximum=1e6,
     ),
     "gemm_tile_m": EfficiencyKey(
         default=128.0,

@@ -173,8 +173,6 @@ class RooflineCostModel:
             kernel_time=terms.elementwise_kernel_time,
             peak=terms.peak,
             cache_write_bandwidth=terms.bandwidth,
-            sm_peak=terms.elementwise_sm_peak,
-            transition_exponent=terms.transition_exponent,
             ideal=ideal,
         )
         self.attention = AttentionPricing(
@@ -231,15 +229,13 @@ class RooflineCostModel:
         cache_write = _NO_KERNEL
         if t > 0:
             # per layer: norms (in+out), residual add (2 in, 1 out), rotary (q,k in+out)
-            # each kind priced alone: the SM-side limit depends on its FLOPs per byte
-            price = self.elementwise.price
-            for kind in (lk.norms, lk.latent_norms, lk.residual_add, lk.rope):
-                if kind.launches:
-                    ew.add(price(L * t * kind.elems, L * t * kind.flops, kind.launches * L))
-            if act_kernels:
-                ew.add(price(act_elems, activation_flops(act_elems), act_kernels))
-            if lk.ends.launches:
-                ew.add(price(t * lk.ends.elems, t * lk.ends.flops, lk.ends.launches))
+            nrm, add, rope, lat = lk.norms, lk.residual_add, lk.rope, lk.latent_norms
+            elems_row = nrm.elems + add.elems + rope.elems + lat.elems
+            flops_row = nrm.flops + add.flops + rope.flops + lat.flops
+            kernels = (nrm.launches + add.launches + rope.launches + lat.launches) * L
+            elems = L * t * elems_row + act_elems + t * lk.ends.elems
+            flops = L * t * flops_row + activation_flops(act_elems)
+            ew.add(self.elementwise.price(elems, flops, kernels + act_kernels + lk.ends.launches))
             # KV-cache write of the new rows (reshape_and_cache): read K,V rows, write the cache
             kv_elems = L * t * lk.attention.kv_elems
             cache_write = self.elementwise.cache_write(kv_elems, self._kvb, L)

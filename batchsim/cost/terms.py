@@ -77,8 +77,6 @@ class HardwareTerms:
         attention_masked_fraction: Masked pairs of a prefill chunk the kernel pays for.
         elementwise_bandwidth: Achievable B/s of elementwise kernels.
         elementwise_kernel_time: Fixed time per elementwise kernel, s.
-        elementwise_sm_peak: FLOP/s all SMs sustain in elementwise kernels (their SM-side
-            limit: ``elementwise_sm_gflop_s`` x SMs).
         link_bandwidth: Achievable GPU-to-GPU B/s per direction.
         link_latency: Fixed time per all-reduce, s.
         launch_overhead: Fixed GPU-side cost per forward pass, s.
@@ -101,7 +99,6 @@ class HardwareTerms:
     attention_masked_fraction: float
     elementwise_bandwidth: float
     elementwise_kernel_time: float
-    elementwise_sm_peak: float
     link_bandwidth: float
     link_latency: float
     launch_overhead: float
@@ -153,7 +150,6 @@ class HardwareTerms:
             attention_masked_fraction=_eff(hw, "attention_masked_fraction"),
             elementwise_bandwidth=hardware.memory_bandwidth * _eff(hw, "elementwise"),
             elementwise_kernel_time=_eff(hw, "elementwise_kernel_time_us"),
-            elementwise_sm_peak=sms * _eff(hw, "elementwise_sm_gflop_s"),
             link_bandwidth=hardware.interconnect_bandwidth * _eff(hw, "interconnect"),
             link_latency=_eff(hw, "interconnect_latency_us"),
             launch_overhead=_eff(hw, "launch_overhead_ms"),
