@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
-from test_invariants import disaggregated_experiments
+from test_invariants import CANCELLED_BEHIND_A_WAITER, disaggregated_experiments
 
 from batchsim import cli
 from batchsim.catalog import catalog_dir
@@ -524,3 +524,23 @@ def test_config_yaml_of_a_disaggregated_run_reruns_it_identically(tmp_path, monk
         del summary["wall_time_s"]
     assert first == second
     assert first["config"]["cluster"]["disaggregation"]["prefill"]["hardware"] == str(profile)
+
+
+def test_a_request_cancelled_behind_one_that_does_not_fit_leaves_at_its_cancel_time():
+    # Request 9 waits for decode KV blocks behind request 15, which needs more blocks than
+    # are free until in-flight transfers land; request 9's client leaves before that. It must
+    # leave the queue then (it was left waiting there, and the engine spun at that instant).
+    from batchsim.config import validate_experiment
+    from batchsim.workload.generation import generate
+
+    data = copy.deepcopy(CANCELLED_BEHIND_A_WAITER)
+    result = sim(data)
+    drawn = generate(validate_experiment(data).workload, data["seed"])
+    assert drawn.cancel_after is not None
+    cancel_at = drawn.arrival_time + drawn.cancel_after
+    req = result.requests.set_index("request_id")
+    assert req.loc[9, "status"] == "cancelled"
+    assert req.loc[9, "finish_time_s"] == pytest.approx(cancel_at[9], abs=1e-9)
+    assert req.loc[15, "status"] == "finished"
+    # request 15 got its blocks only after request 9 had left
+    assert req.loc[15, "finish_time_s"] > cancel_at[9]

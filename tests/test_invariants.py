@@ -441,8 +441,58 @@ def test_random_cluster_experiments_keep_every_invariant(data):
     assert summary["completed"] + summary["num_rejected"] + summary["num_cancelled"] == num
 
 
+# On a decode instance, request 9 waits for KV blocks behind request 15, which does not fit
+# until in-flight transfers land; request 9's client leaves meanwhile. The pass at its cancel
+# time must take it out of the queue, else the engine wakes at that instant forever.
+CANCELLED_BEHIND_A_WAITER = {
+    "name": "tiny",
+    "seed": 19429,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {
+        "policy": "static",
+        "max_num_seqs": 6,
+        "max_num_batched_tokens": 353,
+        "max_wait_ms": 43.65516355908882,
+        "padding": True,
+    },
+    "workload": {
+        "num_requests": 25,
+        "prompt_tokens": {"dist": "uniform", "min": 127, "max": 128},
+        "output_tokens": {"dist": "uniform", "min": 5, "max": 27},
+        "arrival": {"process": "constant", "rate": 414.2694045100909},
+        "cancel_after_ms": {
+            "dist": "uniform",
+            "min": 493.30662372236367,
+            "max": 1419.6074063829965,
+        },
+    },
+    "engine": {
+        "num_gpu_blocks": 57,
+        "block_size": 4,
+        "async_scheduling": True,
+        "fast_forward": True,
+    },
+    "cluster": {
+        "router": "random",
+        "disaggregation": {
+            "prefill": {"replicas": 2, "engine": {"num_gpu_blocks": 124}},
+            "decode": {
+                "replicas": 2,
+                "engine": {"num_gpu_blocks": 94},
+                "scheduler": {"policy": "continuous", "mix_prefill_decode": False},
+            },
+            "kv_transfer": {"link": {"bandwidth_gb_s": 0.5}, "mode": "after_prefill"},
+            "decode_router": "random",
+        },
+        "router_overhead_ms": 7.0,
+    },
+}
+
+
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(cluster_experiments(), disaggregated_experiments()))
+@example(CANCELLED_BEHIND_A_WAITER)
 def test_fast_forward_equals_stepping_on_clusters(data):
     # A stretch that a request routed to its replica cuts short, and what routers see of a
     # replica inside a stretch, must match stepping: the same routes, the same run. In a

@@ -82,6 +82,9 @@ MAX_STEPS_WITHOUT_TOKEN = 1_000_000
 MAX_IDLE_WAKEUPS = 100_000
 """Wake-ups in a row on a policy's own timer, with nothing scheduled, before it is deemed
 stuck."""
+MAX_STALLED_PASSES = 10_000
+"""Passes in a row with nothing scheduled and an event due at their own time (which a pass
+should have consumed) before the engine stops with an internal error instead of spinning."""
 
 
 @dataclass(frozen=True)
@@ -431,7 +434,7 @@ class Engine:
         source = self.source
         guarded = self.guarded
         on_step = self.on_step
-        idle_wakeups = steps_without_token = 0
+        idle_wakeups = steps_without_token = stalled = 0
         graph_max = self.options.cuda_graph_max_batch_size
         # The engine's own clock: exactly the times it computed (an iteration's end, the
         # arrival or timer it slept until). SimPy's clock only sleeps it, and env.now + (t -
@@ -461,6 +464,14 @@ class Engine:
                     if scheduler.has_unfinished_requests():
                         self._stuck()
                     return
+                # a pass consumes every event due at its time: one still due would wake the
+                # engine at this instant again and again (a livelock, never a policy's doing)
+                stalled = stalled + 1 if wake <= now else 0
+                if stalled > MAX_STALLED_PASSES:
+                    raise AssertionError(
+                        f"engine of policy {self.policy_name}: {MAX_STALLED_PASSES:,} passes at "
+                        f"t={now!r} s with an event due then and nothing scheduled"
+                    )
                 timer_only = wake < self._next_external_time()
                 idle_wakeups = idle_wakeups + 1 if timer_only else 0
                 if idle_wakeups > MAX_IDLE_WAKEUPS:
@@ -476,7 +487,7 @@ class Engine:
                     if now < wake:
                         idle_wakeups = 0
                 continue
-            idle_wakeups = 0
+            idle_wakeups = stalled = 0
             if graph_max:
                 output.shape = cuda_graph_padded(output.shape, graph_max)
             num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1

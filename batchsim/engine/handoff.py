@@ -219,6 +219,17 @@ class DecodeLink(ReplicaLink):
             self._next_cancel = cancel
         self.wake_for(now)
 
+    def cancel_due(self, now: float) -> list[Transfer]:
+        """The pending requests whose client left by ``now``, taken out of the queue wherever
+        they stand (a request that waits behind one that does not fit still leaves when
+        cancelled), in queue order."""
+        if self._next_cancel > now:
+            return []
+        gone = [t for t in self.pending if t.request.cancel_time <= now]
+        self.pending = deque(t for t in self.pending if t.request.cancel_time > now)
+        self._next_cancel = min((t.request.cancel_time for t in self.pending), default=math.inf)
+        return gone
+
     def taken(self) -> Transfer:
         """The first pending request leaves the queue (its blocks taken, or cancelled)."""
         transfer = self.pending.popleft()
@@ -375,16 +386,14 @@ class DisaggregatedDispatcher(Dispatcher):
         first served, while they fit above the watermark, and start their transfers."""
         assert link.engine is not None
         kv = link.engine.scheduler.kv_cache
+        for transfer in link.cancel_due(now):  # the client left: cancelled on delivery
+            link.land(now, transfer.request)
+            transfer.source.release_at(now, transfer.held_blocks)
         pending = link.pending
         model = self.transfer
         while pending:
             transfer = pending[0]
             request = transfer.request
-            if request.cancel_time <= now:  # the client left: cancelled on delivery
-                link.taken()
-                link.land(now, request)
-                transfer.source.release_at(now, transfer.held_blocks)
-                continue
             prompt = request.num_prompt_tokens
             need = kv.blocks_held(prompt, prompt)
             if need > kv.num_free_blocks - kv.watermark_blocks:
