@@ -502,7 +502,7 @@ class RooflineCostModel:
 
     def _estimate_varying(self, shape: BatchShape) -> IterationCost:
         """Array path when the row count or sampled rows vary: price each element alone."""
-        fields = [f.name for f in dataclasses.fields(BatchShape)]
+        fields = BatchShape._fields
         arrays = np.broadcast_arrays(*(np.asarray(getattr(shape, f)) for f in fields))
         n = arrays[0].size
         parts = [self.estimate(BatchShape(*(int(a.flat[i]) for a in arrays))) for i in range(n)]

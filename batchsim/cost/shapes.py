@@ -7,10 +7,8 @@ from batchsim.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def cached_keys(context: int, window: int | None) -> int:
@@ -33,8 +31,7 @@ def window_pairs(rows: int, context: int, window: int | None) -> int:
     return below * first + below * (below - 1) // 2 + (rows - below) * window
 
 
-@dataclass(frozen=True, slots=True)
-class BatchShape:
+class BatchShape(NamedTuple):
     """Aggregates of ONE iteration — everything its cost depends on.
 
     Fields are python ints, or equal-length numpy arrays for a vectorized decode stretch (one
@@ -169,8 +166,8 @@ class BatchShape:
         over the iterations of a decode stretch). Each decode row computes one pair more than
         the cached keys it reads (exact with a window too: :func:`cached_keys` leaves room for
         the query)."""
-        return dataclasses.replace(
-            self, kv_read_tokens=kv_read_tokens, attn_pairs=kv_read_tokens + self.num_decode_rows
+        return self._replace(
+            kv_read_tokens=kv_read_tokens, attn_pairs=kv_read_tokens + self.num_decode_rows
         )
 
     @classmethod
@@ -218,6 +215,4 @@ def cuda_graph_padded(shape: BatchShape, max_size: int) -> BatchShape:
     size = cuda_graph_size(int(n), max_size)
     if size is None or size == n:
         return shape
-    return dataclasses.replace(
-        shape, num_padding_tokens=size - n, num_graph_padding_tokens=size - n
-    )
+    return shape._replace(num_padding_tokens=size - n, num_graph_padding_tokens=size - n)

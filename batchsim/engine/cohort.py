@@ -176,7 +176,7 @@ class Cohort:
     def offsets(self) -> list[int]:
         """``at_least[j]``: members with ``num_computed_tokens mod block_size`` >= j, for j in
         0..block_size (the form :meth:`~batchsim.engine.kv_cache.KVCacheManager.
-        usage_from_offsets` takes)."""
+        usage_ramp` takes)."""
         key = (self.version, self.steps)
         if self._offsets_key != key:
             shift = self.steps % self.block_size

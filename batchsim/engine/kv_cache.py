@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -242,7 +242,8 @@ class KVCacheManager:
 
     def usage_during_growth(self, requests: Sequence[Request], num_steps: int) -> Any:
         """Usage at each of ``num_steps`` decode iterations of ``requests`` from now (the
-        first one is allocated): a float if it stays constant, else an array."""
+        first one is allocated): an array with a sliding window, else a :class:`UsageRamp`
+        (see :func:`expand_usage_ramps`)."""
         bs = self.block_size
         used = self.num_blocks - self.num_free_blocks
         if self.window is not None:
@@ -257,28 +258,16 @@ class KVCacheManager:
         counts = [0] * (bs + 1)
         for r in requests:
             counts[r.num_computed_tokens % bs] += 1
-        return self.usage_from_offsets(at_least_offsets(counts), num_steps)
+        return self.usage_ramp(at_least_offsets(counts))
 
     # Without a window a request with c cached tokens needs floor((c mod bs + k) / bs) more
     # blocks by step k of a stretch: what a stretch needs depends only on how many requests
     # there are at each offset c mod bs, given as ``at_least[j]``, the requests at offset j
     # or more (bs + 1 entries: at_least[0] counts them all, at_least[bs] is 0).
-    def usage_from_offsets(self, at_least: list[int], num_steps: int) -> Any:
-        """:meth:`usage_during_growth` (no window) of requests counted by offset."""
-        bs = self.block_size
-        used = self.num_blocks - self.num_free_blocks
-        total = self.num_blocks
-        if num_steps <= bs:  # step k < bs takes the blocks of the requests at bs - k or more
-            if not at_least[bs + 1 - num_steps]:
-                return used / total  # none of them starts a block
-            return np.array([(used + a) / total for a in at_least[bs : bs - num_steps : -1]])
-        # step k = q bs + j takes n q blocks and those of the requests at bs - j or more
-        rounds = -(-num_steps // bs)
-        n = at_least[0]
-        if not n:
-            return used / total
-        grown = np.add.outer(np.arange(0, rounds * n, n), [used + a for a in at_least[:0:-1]])
-        return grown.ravel()[:num_steps] / total
+    def usage_ramp(self, at_least: list[int]) -> UsageRamp:
+        """The usage during a stretch (no window) of requests counted by offset, from now (the
+        first iteration's blocks taken), unexpanded."""
+        return UsageRamp(self.num_blocks - self.num_free_blocks, at_least, self.num_blocks)
 
     def growth_from_offsets(self, at_least: list[int], num_steps: int) -> int:
         """Blocks that requests counted by offset (no window) take over a stretch of
@@ -334,6 +323,42 @@ class KVCacheManager:
         self.num_free_blocks -= need
         request.num_blocks = need
         return moved
+
+
+class UsageRamp(NamedTuple):
+    """KV-cache usage over a decode stretch without a window, unexpanded: at its step k
+    (0-based) the pool holds ``used`` blocks and those the requests counted by offset
+    (``at_least``, see :meth:`KVCacheManager.usage_ramp`) took since, ``n x (k // bs) +
+    at_least[bs - k % bs]`` (n = ``at_least[0]``); usage is that over ``total``. Expanded in
+    bulk by :func:`expand_usage_ramps` when the log stores it."""
+
+    used: int
+    at_least: list[int]
+    total: int
+
+    def at(self, step: int) -> float:
+        """The usage at step ``step`` (0-based), as :func:`expand_usage_ramps` computes it."""
+        bs = len(self.at_least) - 1
+        q, j = divmod(step, bs)
+        return (self.used + self.at_least[0] * q + self.at_least[bs - j]) / self.total
+
+
+def expand_usage_ramps(ramps: Sequence[UsageRamp], steps: Sequence[int]) -> np.ndarray:
+    """The usage at each step of consecutive stretches, ``steps[i]`` steps of ``ramps[i]``
+    (all of one block size), as one float64 array: the blocks are counted exactly in
+    integers, then divided once, so each value equals ``(used + taken) / total``."""
+    counts = np.asarray(steps, dtype=np.int64)
+    n = int(counts.sum())
+    first = np.cumsum(counts) - counts
+    which = np.repeat(np.arange(len(ramps)), counts)
+    k = np.arange(n, dtype=np.int64) - first[which]
+    table = np.array([r.at_least for r in ramps], dtype=np.int64)
+    bs = table.shape[1] - 1
+    q, j = np.divmod(k, bs)
+    used = np.array([r.used for r in ramps], dtype=np.int64)[which]
+    total = np.array([r.total for r in ramps], dtype=np.int64)[which]
+    blocks = used + table[which, 0] * q + table[which, bs - j]
+    return blocks / total
 
 
 def at_least_offsets(counts: list[int]) -> list[int]:

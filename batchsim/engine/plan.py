@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from batchsim.engine.kv_cache import UsageRamp
 from batchsim.engine.stretch import steps_until
 from batchsim.metrics.logs import IterationLog
 
@@ -143,9 +144,12 @@ def _at_row(value: Any, row: int) -> float:
     """Row ``row`` of a per-iteration column that may be one value for all."""
     if isinstance(value, np.ndarray) and value.ndim:
         return float(value[row])
+    if isinstance(value, UsageRamp):
+        return value.at(row)
     return float(value)
 
 
 def _head(value: Any, n: int) -> Any:
-    """The first ``n`` rows of a per-iteration column that may be one value for all."""
+    """The first ``n`` rows of a per-iteration column that may be one value for all (or a
+    :class:`~batchsim.engine.kv_cache.UsageRamp`, whose rows are its steps)."""
     return value[:n] if isinstance(value, np.ndarray) and value.ndim else value

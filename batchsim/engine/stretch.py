@@ -38,6 +38,7 @@ import numpy as np
 
 from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
 from batchsim.cost.costs import StepCost
+from batchsim.engine.kv_cache import UsageRamp, expand_usage_ramps
 from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
@@ -342,7 +343,7 @@ class StretchRunner:
             return scheduler.kv_cache.usage
         batch = scheduler.cohort_batch(output)
         if batch is not None and batch.pure:
-            return scheduler.kv_cache.usage_from_offsets(batch.cohort.offsets(), num_steps)
+            return scheduler.kv_cache.usage_ramp(batch.cohort.offsets())
         return scheduler.kv_cache.usage_during_growth(output.requests, num_steps)
 
     def _run_arrays(
@@ -374,6 +375,8 @@ class StretchRunner:
             chunk *= 4
         batch = engine.batch_row(output, cpu)
         usage = self._usage(output, done)
+        if isinstance(usage, UsageRamp):
+            usage = expand_usage_ramps([usage], [done])
         offset = 0
         for starts, cost, durations, keep in pieces:
 

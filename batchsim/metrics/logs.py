@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from batchsim.engine.kv_cache import UsageRamp, expand_usage_ramps
 from batchsim.engine.request import Request, RequestStatus
 
 RUN_COLUMNS: dict[str, str] = {
@@ -99,6 +100,8 @@ _PENDING = 4096
 """Rows and blocks buffered before they are moved into the numpy chunks."""
 _BLOCK = object()
 """Marks an ``extend()`` block among buffered rows."""
+_RAMP = object()
+"""Marks an ``extend_ramp()`` block among buffered rows."""
 
 
 class ChunkedColumns:
@@ -119,6 +122,7 @@ class ChunkedColumns:
         self._stored = 0
         self._pending: list[tuple] = []  # rows, and (values, n) blocks from extend()
         self._pending_rows = 0
+        self._ramps = 0  # usage ramps among the pending items
 
     @property
     def num_rows(self) -> int:
@@ -144,6 +148,16 @@ class ChunkedColumns:
         if len(self._pending) >= _PENDING or self._pending_rows >= _CHUNK:
             self._flush()
 
+    def extend_ramp(self, ramp: UsageRamp, n: int) -> None:
+        """``n`` rows of a one-column table: the steps of a KV-usage ramp, expanded in bulk with
+        the ramps next to it when the rows are stored."""
+        assert len(self.dtypes) == 1, "a usage ramp in a table of several columns"
+        self._pending.append((_RAMP, ramp, n))
+        self._pending_rows += n
+        self._ramps += 1
+        if len(self._pending) >= _PENDING or self._pending_rows >= _CHUNK:
+            self._flush()
+
     def _flush(self) -> None:
         pending = self._pending
         if not pending:
@@ -153,6 +167,11 @@ class ChunkedColumns:
         dtypes = list(self.dtypes.values())
         pieces: list[list[np.ndarray]] = [[] for _ in dtypes]
         rows: list[tuple] = []
+
+        if self._ramps:
+            self._ramps = 0
+            self._store((_one_column(pending, total),), total)
+            return
 
         def close_rows() -> None:
             if rows:
@@ -198,6 +217,8 @@ class ChunkedColumns:
         index = self._index[key]
         if pending:
             item = pending[-1]
+            if item and item[0] is _RAMP:
+                return item[1].at(item[2] - 1)
             if item and item[0] is _BLOCK:
                 value, n = item[1][index], item[2]
                 return value[n - 1] if isinstance(value, np.ndarray) and value.ndim else value
@@ -230,6 +251,42 @@ class ChunkedColumns:
             out[at : at + b - a] = _unpack(self._chunks[c][index], a, b, dtype)
             at += b - a
         return out
+
+
+def _one_column(pending: list[tuple], total: int) -> np.ndarray:
+    """The ``total`` rows of a one-column table's buffered rows, blocks and usage ramps, in
+    order, as one float64 array (the ramps expanded together, see
+    :func:`~batchsim.engine.kv_cache.expand_usage_ramps`)."""
+    out = np.empty(total, dtype=np.float64)
+    row_at: list[int] = []
+    row_values: list[float] = []
+    ramps: list[UsageRamp] = []
+    ramp_steps: list[int] = []
+    ramp_at: list[int] = []
+    at = 0
+    for item in pending:
+        head = item[0]
+        if head is _RAMP:
+            ramps.append(item[1])
+            ramp_steps.append(item[2])
+            ramp_at.append(at)
+            at += item[2]
+        elif head is _BLOCK:
+            (value,), n = item[1], item[2]
+            out[at : at + n] = value[:n] if isinstance(value, np.ndarray) and value.ndim else value
+            at += n
+        else:
+            row_at.append(at)
+            row_values.append(head)
+            at += 1
+    if row_at:
+        out[row_at] = row_values
+    if ramps:
+        steps = np.asarray(ramp_steps, dtype=np.int64)
+        where = np.repeat(np.asarray(ramp_at, dtype=np.int64) - (np.cumsum(steps) - steps), steps)
+        where += np.arange(int(steps.sum()), dtype=np.int64)
+        out[where] = expand_usage_ramps(ramps, ramp_steps)
+    return out
 
 
 class _Constant:
@@ -380,7 +437,10 @@ class IterationLog:
         for run in runs:
             self._runs.append(run)
         num_steps = sum(r[1] for r in runs)
-        self._usage.extend((kv_cache_usage,), num_steps)
+        if isinstance(kv_cache_usage, UsageRamp):
+            self._usage.extend_ramp(kv_cache_usage, num_steps)
+        else:
+            self._usage.extend((kv_cache_usage,), num_steps)
 
     def last_gpu_time(self) -> float:
         """GPU time of the last iteration logged, s (there is one)."""

@@ -7,6 +7,7 @@ This module imports only :mod:`batchsim.engine.request`, :mod:`batchsim.engine.c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
@@ -158,8 +159,7 @@ class SchedulerOutput:
         return self.num_slots - len(self.requests)
 
 
-@dataclass(frozen=True, slots=True)
-class StepTimes:
+class StepTimes(NamedTuple):
     """Where and when the iterations of one scheduled batch ran: usually one iteration; a
     decode stretch runs ``num_steps`` identical ones back to back."""
 

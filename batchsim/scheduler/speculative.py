@@ -37,7 +37,6 @@ extended by :func:`speculative_policy`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import TYPE_CHECKING, ClassVar
@@ -297,8 +296,8 @@ class SpeculativeScheduler(Scheduler):
             num_tokens, contexts, decode=decode, sampled=sampled, window=self.window
         )
         if verify:  # every verification row samples (the shape counted one per request)
-            shape = dataclasses.replace(
-                shape, num_sampled_tokens=shape.num_sampled_tokens + verify - len(drafts)
+            shape = shape._replace(
+                num_sampled_tokens=shape.num_sampled_tokens + verify - len(drafts)
             )
         output = SpeculativeOutput(
             requests=requests,
