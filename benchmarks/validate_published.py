@@ -32,8 +32,10 @@ How a setup maps onto an experiment:
     prepare_inputs + process_model_outputs, medians fitted linear in the batch (1.39 ms +
     0.043 ms per request), plus ``ray_comm_time`` 6.77 ms (median of its 13 batch sizes).
 
-Rows whose setup could not be pinned down from the source (unknown GPU variant, per-GPU or
-total throughput unclear for TP > 1 on A100, a model batchsim lacks) are left out.
+Every row of these sources whose setup is pinned down and whose model and GPU batchsim has is
+here. Left out: the A100 table's TP > 1 rows (per-GPU or total throughput unclear: its header
+says "out tok/s", the H100 one "per GPU"), GPT-J 6B and Falcon 180B (no such catalog model),
+and vLLM #2192's LLaMA 33B and A30/T4 rows (no such model or GPU profile).
 """
 
 from __future__ import annotations
@@ -85,10 +87,12 @@ class Published:
 def _trt(
     hw: str, model: str, tp: int, batch: int, isl: int, osl: int, metric: str, value: float
 ) -> Published:
-    fp8 = hw.startswith("h100")
-    gpu = "H100 FP8" if fp8 else "A100 FP16"
+    fp8 = not hw.startswith("a100")  # the H100 and L40S tables are FP8
+    gpu = {"h100-sxm": "H100 FP8", "l40s": "L40S FP8"}.get(hw, "A100 FP16")
     label = "LLaMA 7B" if model == "llama-2-7b" else "LLaMA 70B"
-    kind = "peak throughput" if metric == "throughput_per_gpu" else "low latency (v0.5 data)"
+    kind = "peak throughput" if metric == "throughput_per_gpu" else "low latency"
+    if metric != "throughput_per_gpu" or hw == "l40s":
+        kind += " (v0.5 data)"
     return Published(
         source="TensorRT-LLM v0.6.1 performance.md",
         url=TRTLLM_061,
@@ -152,6 +156,15 @@ ROWS: list[Published] = [
     _trt("h100-sxm", "llama-2-7b", 1, 112, 128, 2048, "throughput_per_gpu", 6818),
     _trt("h100-sxm", "llama-2-7b", 1, 80, 2048, 128, "throughput_per_gpu", 2244),
     _trt("h100-sxm", "llama-2-7b", 1, 48, 2048, 2048, "throughput_per_gpu", 2740),
+    _trt("h100-sxm", "llama-2-70b", 2, 1024, 128, 128, "throughput_per_gpu", 2657),
+    _trt("h100-sxm", "llama-2-70b", 4, 480, 128, 2048, "throughput_per_gpu", 1486),
+    _trt("h100-sxm", "llama-2-70b", 2, 96, 2048, 128, "throughput_per_gpu", 306),
+    _trt("h100-sxm", "llama-2-70b", 2, 64, 2048, 2048, "throughput_per_gpu", 547),
+    # "Peak Throughput", L40S GPUs (FP8), v0.5 data, out tok/s (TP 1: per GPU = total)
+    _trt("l40s", "llama-2-7b", 1, 64, 128, 128, "throughput_per_gpu", 3240),
+    _trt("l40s", "llama-2-7b", 1, 64, 128, 2048, "throughput_per_gpu", 1622),
+    _trt("l40s", "llama-2-7b", 1, 32, 2048, 128, "throughput_per_gpu", 581),
+    _trt("l40s", "llama-2-7b", 1, 16, 2048, 2048, "throughput_per_gpu", 531),
     # "Peak Throughput", A100 GPUs (FP16), out tok/s (TP 1 rows only: per GPU = total)
     _trt("a100-80gb", "llama-2-7b", 1, 384, 128, 128, "throughput_per_gpu", 5586),
     _trt("a100-80gb", "llama-2-7b", 1, 60, 128, 2048, "throughput_per_gpu", 1928),
@@ -161,6 +174,8 @@ ROWS: list[Published] = [
     _trt("h100-sxm", "llama-2-7b", 1, 1, 2048, 1, "ttft_ms", 36),
     _trt("h100-sxm", "llama-2-70b", 4, 1, 128, 1, "ttft_ms", 26),
     _trt("h100-sxm", "llama-2-70b", 4, 1, 2048, 1, "ttft_ms", 109),
+    _trt("l40s", "llama-2-7b", 1, 1, 128, 1, "ttft_ms", 14),
+    _trt("l40s", "llama-2-7b", 1, 1, 2048, 1, "ttft_ms", 73),
     _trt("a100-80gb", "llama-2-7b", 1, 1, 128, 1, "ttft_ms", 16),
     _trt("a100-80gb", "llama-2-7b", 1, 1, 2048, 1, "ttft_ms", 133),
     _trt("a100-80gb", "llama-2-70b", 4, 1, 128, 1, "ttft_ms", 47),
