@@ -477,6 +477,32 @@ NEAR_ZERO_KV_WAIT = {
     },
 }
 
+# Closed loop: a request that one replica's last token releases reaches another replica at
+# the end of that replica's own iteration; the two clock values are an ulp apart on one path.
+# Async scheduling must take the new iteration as back to back on both paths.
+ARRIVES_AT_ANOTHER_REPLICAS_END = {
+    "name": "tiny",
+    "seed": 0,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {
+        "policy": "static",
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 8,
+        "max_wait_ms": 0.0,
+        "padding": False,
+    },
+    "workload": {
+        "num_requests": 6,
+        "prompt_tokens": {"dist": "uniform", "min": 1, "max": 1},
+        "output_tokens": {"dist": "uniform", "min": 22, "max": 24},
+        "concurrency": 2,
+        "think_time_ms": {"dist": "fixed", "value": 0},
+    },
+    "engine": {"num_gpu_blocks": 2, "block_size": 16, "async_scheduling": True},
+    "cluster": {"replicas": 3, "router": "round_robin"},
+}
+
 # On a decode instance, request 9 waits for KV blocks behind request 15, which does not fit
 # until in-flight transfers land; request 9's client leaves meanwhile. The pass at its cancel
 # time must take it out of the queue, else the engine wakes at that instant forever.
@@ -530,6 +556,7 @@ CANCELLED_BEHIND_A_WAITER = {
 @given(st.one_of(cluster_experiments(), disaggregated_experiments()))
 @example(CANCELLED_BEHIND_A_WAITER)
 @example(NEAR_ZERO_KV_WAIT)
+@example(ARRIVES_AT_ANOTHER_REPLICAS_END)
 def test_fast_forward_equals_stepping_on_clusters(data):
     # A stretch that a request routed to its replica cuts short, and what routers see of a
     # replica inside a stretch, must match stepping: the same routes, the same run. In a

@@ -67,7 +67,7 @@ from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
-from batchsim.metrics.logs import IterationLog, RequestLog
+from batchsim.metrics.logs import TIME_EPS, IterationLog, RequestLog
 from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
@@ -335,8 +335,10 @@ class Engine:
         return o.cpu_overhead_base + o.cpu_overhead_per_seq * num_seqs
 
     def back_to_back(self, start: float) -> bool:
-        """An iteration starting at ``start`` follows the previous one without a gap."""
-        return start == self._last_end
+        """An iteration starting at ``start`` follows the previous one without a gap (within
+        :data:`~batchsim.metrics.logs.TIME_EPS`: two paths to one instant, such as another
+        replica's iteration end that brings a request, may round an ulp apart)."""
+        return start - self._last_end <= TIME_EPS
 
     @staticmethod
     def duration(cpu: float, gpu: float, overlap: bool) -> float:
@@ -533,7 +535,7 @@ class Engine:
         swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
             self.options.swap_time_per_block
         )
-        overlap = self.options.async_scheduling and now == self._last_end
+        overlap = self.options.async_scheduling and now - self._last_end <= TIME_EPS
         duration = self.duration(cpu, cost.time + swap, overlap)
         first = self.iterations.num_rows
         self.iterations.append(
@@ -561,7 +563,7 @@ class Engine:
         swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
             self.options.swap_time_per_block
         )
-        overlap = self.options.async_scheduling and now == self._last_end
+        overlap = self.options.async_scheduling and now - self._last_end <= TIME_EPS
         duration = self.duration(cpu, cost.time + swap, overlap)
         first = self.iterations.num_rows
         row = self.batch_row(output, cpu)
