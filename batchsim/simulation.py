@@ -13,6 +13,7 @@ the new run leaves out).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -21,6 +22,7 @@ import math
 import os
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -462,6 +464,47 @@ def with_engine_terms(hardware: HardwareProfile, engine: EngineConfig) -> Hardwa
     return dataclasses.replace(hardware, efficiency={**hardware.efficiency, **changes}, **attrs)
 
 
+_COST_MODELS: collections.OrderedDict[tuple, tuple[Any, ...]] = collections.OrderedDict()
+_COST_MODELS_KEPT = 8
+_COST_MODELS_LOCK = threading.Lock()
+
+
+def cost_model_for(
+    model: ModelSpec, hardware: HardwareProfile, engine: EngineConfig, tp: int
+) -> RooflineCostModel:
+    """The cost model of ``model`` on ``hardware`` (with the engine's own terms, see
+    :func:`with_engine_terms`) at ``tp``: one object for the same catalog objects and terms,
+    among the last few asked for in this process. Its per-shape prices are pure functions of
+    these inputs, so the runs of a sweep that share them also share what earlier runs priced,
+    with the same results."""
+    key = (
+        id(model),
+        id(hardware),
+        engine.all_reduce_latency_us,
+        engine.launch_overhead_ms,
+        tp,
+        engine.dtype,
+        engine.kv_cache_dtype,
+    )
+    with _COST_MODELS_LOCK:
+        hit = _COST_MODELS.get(key)
+        if hit is not None and hit[0] is model and hit[1] is hardware:
+            _COST_MODELS.move_to_end(key)
+            return hit[2]
+    cost_model = RooflineCostModel(
+        model,
+        with_engine_terms(hardware, engine),
+        tp=tp,
+        dtype=engine.dtype,
+        kv_dtype=engine.kv_cache_dtype,
+    )
+    with _COST_MODELS_LOCK:  # the objects are kept too, so that their ids stay theirs
+        _COST_MODELS[key] = (model, hardware, cost_model)
+        while len(_COST_MODELS) > _COST_MODELS_KEPT:
+            _COST_MODELS.popitem(last=False)
+    return cost_model
+
+
 def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> Setup:
     """Load catalogs and size the KV cache; raises ConfigError on anything inconsistent.
 
@@ -473,10 +516,8 @@ def build(config: ExperimentConfig, hardware: HardwareProfile | None = None) -> 
     model = load_model(config.model)
     tp = config.parallel.tensor_parallel_size
     engine = config.engine
-    hardware = with_engine_terms(hardware, engine)
-    cost_model = RooflineCostModel(
-        model, hardware, tp=tp, dtype=engine.dtype, kv_dtype=engine.kv_cache_dtype
-    )
+    cost_model = cost_model_for(model, hardware, engine, tp)
+    hardware = cost_model.hardware  # with the engine's own terms
     pp = config.parallel.pipeline_parallel_size
     if engine.speculative and pp > 1:
         raise ConfigError(
