@@ -265,18 +265,17 @@ def _fit_elementwise(data: FitData, values: dict[str, float], rows: np.ndarray, 
 
     base_eff, base_t = values["elementwise"], values["elementwise_kernel_time_us"]
     grid_t = [base_t * f for f in (0.5, 0.75, 1.0, 1.25, 1.5)] if base_t > 0 else [0, 1, 2, 3, 4]
-    best: tuple[float, dict[str, float]] | None = None
-    for f in (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4):
-        eff = min(1.0, base_eff * f)
-        for t in grid_t:
-            trial = dict(
-                values, elementwise=round_sig(eff), elementwise_kernel_time_us=round_sig(t)
-            )
-            s = score(trial)
-            if best is None or s < best[0]:
-                best = (s, trial)
-    assert best is not None
-    found, _ = coordinate_search(score, best[1], ELEMENTWISE_TERMS)
+    trials = (
+        dict(
+            values,
+            elementwise=round_sig(min(1.0, base_eff * f)),
+            elementwise_kernel_time_us=round_sig(t),
+        )
+        for f in (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4)
+        for t in grid_t
+    )
+    start = min(trials, key=score)  # the first of the lowest-scoring trials
+    found, _ = coordinate_search(score, start, ELEMENTWISE_TERMS)
     values.update({k: found[k] for k in ELEMENTWISE_TERMS})
     fit.families["elementwise"] = int(use.sum())
 
@@ -307,24 +306,22 @@ def _fit_gemm(data: FitData, values: dict[str, float], rows: np.ndarray, fit: Fi
     c0, m0 = values["compute"], values["memory"]
     k0 = values["min_kernel_time_us"]
     kernel_times = [k0 * f for f in (0.5, 1.0, 1.5)] if k0 > 0 else [0.0, 2.5, 5.0]
-    best: tuple[float, dict[str, float]] | None = None
     factors = (0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3)
-    for fc in factors:
-        for fm in factors:
-            for p in (1.5, 2.0, 2.5, 3.0, 4.0):
-                for k in kernel_times:
-                    trial = dict(
-                        values,
-                        compute=round_sig(min(1.0, c0 * fc)),
-                        memory=round_sig(min(1.0, m0 * fm)),
-                        transition_exponent=p,
-                        min_kernel_time_us=round_sig(k),
-                    )
-                    s = score(trial)
-                    if best is None or s < best[0]:
-                        best = (s, trial)
-    assert best is not None
-    found, _ = coordinate_search(score, best[1], GEMM_TERMS)
+    trials = (
+        dict(
+            values,
+            compute=round_sig(min(1.0, c0 * fc)),
+            memory=round_sig(min(1.0, m0 * fm)),
+            transition_exponent=p,
+            min_kernel_time_us=round_sig(k),
+        )
+        for fc in factors
+        for fm in factors
+        for p in (1.5, 2.0, 2.5, 3.0, 4.0)
+        for k in kernel_times
+    )
+    start = min(trials, key=score)  # the first of the lowest-scoring trials
+    found, _ = coordinate_search(score, start, GEMM_TERMS)
     values.update({k: found[k] for k in GEMM_TERMS})
     fit.families["gemm"] = len(target)
 

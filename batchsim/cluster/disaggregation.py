@@ -46,7 +46,6 @@ from batchsim.cluster.router import DECODE_ROUTER_STREAM, load_router, make_rout
 from batchsim.engine.handoff import DisaggregatedDispatcher, KVTransferModel
 from batchsim.errors import ConfigError
 from batchsim.metrics.logs import IterationLog, RequestLog
-from batchsim.metrics.replicas import ReplicaRecord
 from batchsim.scheduler.registry import load_policy
 from batchsim.scheduler.static import StaticScheduler
 from batchsim.simulation import Setup, engine_parts, unused_key_notes
@@ -136,7 +135,7 @@ def run_disaggregated(
     config: ExperimentConfig, table: RequestTable, progress: RunProgress | None = None
 ) -> ClusterRun:
     """Simulate ``config`` (with ``cluster.disaggregation``) on the requests of ``table``."""
-    from batchsim.cluster.replicas import ClusterRun, build_groups, run_engines
+    from batchsim.cluster.replicas import ClusterRun, build_groups, replica_records, run_engines
 
     cluster = config.cluster
     assert cluster is not None and cluster.disaggregation is not None
@@ -179,20 +178,8 @@ def run_disaggregated(
         left = engine.request_log.num_rows + handed_off
         assert left == engine.num_arrived, "a request never left"
     assert not any(link.pending or link.arrivals for link in dispatcher.decode_links)
-    offsets, total = [], 0
-    for engine in engines:
-        offsets.append(total)
-        total += engine.iterations.num_rows
-    records = [
-        ReplicaRecord(
-            setup.hardware.name,
-            experiment.parallel.tensor_parallel_size,
-            engine.scheduler.kv_cache.num_blocks,
-            engine.iterations,
-            pool=POOLS[index >= num_prefill],
-        )
-        for index, (engine, (experiment, setup)) in enumerate(zip(engines, members))
-    ]
+    pool_names = [POOLS[index >= num_prefill] for index in range(len(engines))]
+    offsets, records = replica_records(engines, members, pool_names)
     # a handed-off request's first token: its prefill instance's iteration, numbered on
     # across the cluster's log
     first_runs = dispatcher.prefill_iteration.copy()

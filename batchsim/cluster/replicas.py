@@ -78,6 +78,24 @@ def run_cluster(
     for engine in engines:
         engine.check_done()
         assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
+    offsets, records = replica_records(engines, replicas)
+    request_log = RequestLog.concatenate([e.request_log for e in engines], offsets)
+    iterations = IterationLog.concatenate([e.iterations for e in engines])
+    speculators = [
+        e.scheduler.speculator for e in engines if isinstance(e.scheduler, SpeculativeScheduler)
+    ]
+    speculative = summary_of(speculators) if speculators else None
+    return ClusterRun(request_log, iterations, records, capacity, notes, speculative)
+
+
+def replica_records(
+    engines: Sequence[Engine],
+    members: Sequence[tuple[ExperimentConfig, Setup]],
+    pools: Sequence[str | None] | None = None,
+) -> tuple[list[int], list[ReplicaRecord]]:
+    """Where each engine's iterations start in the cluster's log (they follow one another in
+    engine order), and the replica table's record of each engine (``pools``: its pool in a
+    disaggregated cluster)."""
     offsets, total = [], 0
     for engine in engines:
         offsets.append(total)
@@ -88,16 +106,11 @@ def run_cluster(
             experiment.parallel.tensor_parallel_size,
             engine.scheduler.kv_cache.num_blocks,
             engine.iterations,
+            pool=None if pools is None else pools[index],
         )
-        for engine, (experiment, setup) in zip(engines, replicas)
+        for index, (engine, (experiment, setup)) in enumerate(zip(engines, members))
     ]
-    request_log = RequestLog.concatenate([e.request_log for e in engines], offsets)
-    iterations = IterationLog.concatenate([e.iterations for e in engines])
-    speculators = [
-        e.scheduler.speculator for e in engines if isinstance(e.scheduler, SpeculativeScheduler)
-    ]
-    speculative = summary_of(speculators) if speculators else None
-    return ClusterRun(request_log, iterations, records, capacity, notes, speculative)
+    return offsets, records
 
 
 def build_groups(config: ExperimentConfig) -> list[tuple[int, ExperimentConfig, Setup]]:

@@ -530,19 +530,7 @@ class Engine:
                     now = yield turn
 
     def _price_step(self, output: SchedulerOutput, now: float) -> StepTimes:
-        cost = self.cost_model.step_cost(output.shape)
-        cpu = self.cpu_time(output.num_seqs)
-        swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
-            self.options.swap_time_per_block
-        )
-        overlap = self.options.async_scheduling and now - self._last_end <= TIME_EPS
-        duration = self.duration(cpu, cost.time + swap, overlap)
-        first = self.iterations.num_rows
-        self.iterations.append(
-            run_row(now, 1, duration, cost, self.batch_row(output, cpu)),
-            self.scheduler.kv_cache.usage,
-        )
-        return StepTimes(first, now, now + duration)
+        return self._log_step(output, now, self.cost_model.step_cost(output.shape))
 
     def _price_speculative_step(self, output: SchedulerOutput, now: float) -> StepTimes:
         """:meth:`_price_step` of a speculative run: the proposals (draft model or proposer)
@@ -559,6 +547,14 @@ class Engine:
                 cost.kv_bytes + propose.kv_bytes,
                 cost.margin,
             )
+        return self._log_step(output, now, cost, getattr(output, "num_verify_tokens", 0))
+
+    def _log_step(
+        self, output: SchedulerOutput, now: float, cost: StepCost, verify: int = 0
+    ) -> StepTimes:
+        """Time one iteration of ``output`` priced at ``cost`` from ``now`` and log it;
+        ``verify`` prefill-counted rows are logged as decode tokens (speculative
+        verification)."""
         cpu = self.cpu_time(output.num_seqs)
         swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
             self.options.swap_time_per_block
@@ -567,7 +563,6 @@ class Engine:
         duration = self.duration(cpu, cost.time + swap, overlap)
         first = self.iterations.num_rows
         row = self.batch_row(output, cpu)
-        verify = getattr(output, "num_verify_tokens", 0)
         if verify:  # (num_prefill_tokens, num_decode_tokens) at 5 and 6
             row = (*row[:5], row[5] - verify, row[6] + verify, *row[7:])
         self.iterations.append(run_row(now, 1, duration, cost, row), self.kv_cache.usage)
