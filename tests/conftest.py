@@ -25,6 +25,17 @@ from batchsim.scheduler.registry import POLICIES
 from batchsim.simulation import Result
 from batchsim.workload.prefix import PrefixTable
 
+# Source of a function for a child Python process: how many of its threads are unnamed, as
+# pyarrow's thread pools are (they keep the process's name; jemalloc's background thread and
+# the AWS event loop name themselves). Linux only: it reads /proc/self/task.
+UNNAMED_THREADS = """
+import pathlib
+def unnamed_threads():
+    own = pathlib.Path('/proc/self/comm').read_text()
+    tasks = pathlib.Path('/proc/self/task').iterdir()
+    return sum((task / 'comm').read_text() == own for task in tasks)
+"""
+
 # A falsifying example comes with the @reproduce_failure decorator that replays it exactly.
 settings.register_profile("batchsim", print_blob=True)
 settings.load_profile("batchsim")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -14,6 +16,7 @@ from unittest import mock
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +30,7 @@ from batchsim.plots import PlotOptions, figure
 from batchsim.plots.data import load
 from batchsim.simulation import simulate
 from batchsim.studies.backends import InlineExecutor
-from conftest import tiny_experiment
+from conftest import UNNAMED_THREADS, tiny_experiment
 
 # preemptions, rejections (prompts longer than max_model_len) and cancellations: every
 # column of both tables holds something
@@ -380,6 +383,32 @@ def test_the_run_reader_gives_the_same_frames_for_both_formats(figure_runs):
     for table in ("requests", "iterations", "slots"):
         a, b = getattr(csv, table), getattr(parquet, table)
         pd.testing.assert_frame_equal(a, b, check_dtype=False, rtol=1e-6)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_writing_and_reading_parquet_results_starts_no_pyarrow_thread_pool(tmp_path):
+    # pyarrow 14 could abort at interpreter exit ("terminate called without an active
+    # exception") once its thread pools had run: a run's Parquet tables are written and read
+    # on the calling thread, and read from memory (reading a file starts pyarrow's I/O pool).
+    script = UNNAMED_THREADS + (
+        "import io, contextlib, sys\n"
+        "import pandas, pyarrow.parquet\n"
+        "from batchsim import cli\n"
+        "from batchsim.plots.data import load\n"
+        "before = unnamed_threads()\n"
+        "out = pathlib.Path(sys.argv[1])\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['run', sys.argv[2], '--format', 'parquet', '-o', str(out)])\n"
+        "run = load(out)\n"
+        "assert len(run.requests) == 60 and len(run.iterations) > 0\n"
+        "print(unnamed_threads() - before)\n"
+    )
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text(yaml.safe_dump(EXPERIMENT), encoding="utf-8")
+    args = [sys.executable, "-c", script, str(tmp_path / "run"), str(experiment)]
+    done = subprocess.run(args, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == 0
 
 
 def test_figures_say_when_the_iterations_are_a_sample(figure_runs):

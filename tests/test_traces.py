@@ -29,6 +29,7 @@ from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
 from batchsim.workload import columnar, files, generate, parse_workload, traces
 from batchsim.workload.traces import CsvColumns, TraceConfig, load_trace
+from conftest import UNNAMED_THREADS
 
 SAMPLES = [
     "azure_conv_sample.csv",
@@ -180,6 +181,24 @@ def test_reading_a_usual_trace_imports_neither_pandas_nor_pyarrow_compute() -> N
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_reading_traces_starts_no_pyarrow_thread_pool() -> None:
+    # pyarrow 14 aborted at interpreter exit about once in 60 runs ("terminate called without
+    # an active exception") when its CPU thread pool had run: the readers parse on the calling
+    # thread. pyarrow's CSV reader starts one I/O thread; its CPU pool would start several.
+    script = UNNAMED_THREADS + (
+        "from batchsim.workload import TraceConfig, load_trace\n"
+        "import pyarrow\n"
+        "before = unnamed_threads()\n"
+        f"for name in {SAMPLES!r}:\n"
+        "    load_trace(TraceConfig(path=name))\n"
+        "print(unnamed_threads() - before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) <= 1
 
 
 # ------------------------------------------------------------------------------ generated files

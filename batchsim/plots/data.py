@@ -47,10 +47,15 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
-    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     try:
-        return pd.read_parquet(path)
+        # From memory, on the calling thread: pd.read_parquet and pq.read_table start
+        # pyarrow's thread pools (and reading a file, its I/O pool), and pyarrow 14 could
+        # abort at interpreter exit once they had run.
+        with pq.ParquetFile(pa.BufferReader(path.read_bytes())) as parquet:
+            return parquet.read(use_threads=False).to_pandas(use_threads=False)
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         message = " ".join(str(exc).split())
         raise ConfigError(f"{path}: cannot read it as Parquet ({message})") from None

@@ -352,7 +352,7 @@ def _read_body(
     try:
         table = pacsv.read_csv(
             pa.py_buffer(memoryview(data)[header.end :]),
-            read_options=pacsv.ReadOptions(column_names=names),
+            read_options=pacsv.ReadOptions(column_names=names, use_threads=False),
             parse_options=pacsv.ParseOptions(
                 quote_char=False,
                 double_quote=False,
@@ -614,6 +614,7 @@ def read_mooncake(
     try:
         table = pajson.read_json(
             pa.py_buffer(memoryview(data)[start:]),
+            read_options=pajson.ReadOptions(use_threads=False),
             parse_options=pajson.ParseOptions(
                 explicit_schema=schema,
                 unexpected_field_behavior="ignore",
