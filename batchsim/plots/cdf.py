@@ -24,17 +24,27 @@ drawn and the legend says how many. Runs that differ by policy take the policy's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import matplotlib
 import numpy as np
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.font_manager import FontProperties
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from batchsim.errors import ConfigError
 from batchsim.metrics.slots import SLOT_COLUMNS, SLOT_STATES
 from batchsim.plots.data import TABLE_FORMATS, Run, Study
-from batchsim.plots.style import catalog_name, describe_load, finish, new_figure, series_colors
+from batchsim.plots.style import (
+    catalog_name,
+    describe_load,
+    finish,
+    legend_columns,
+    new_figure,
+    series_colors,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -141,7 +151,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("fraction of token gaps" if metric == "itl_ms" else "fraction of requests")
         ax.set_ylim(0.0, 1.02)
-        _set_x_scale(ax, samples[metric])
+        _set_x_scale(ax, samples[metric], fig.get_figwidth())
         finish(ax, legend=False)
     if missing_slots:
         _note_itl_summary(
@@ -155,7 +165,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         handles,
         legend_labels,
         loc="outside lower center",
-        ncols=min(len(handles), 3),
+        ncols=legend_columns(legend_labels, fig.get_figwidth()),
         fontsize="small",
         title=shown,
         title_fontsize="small",
@@ -410,8 +420,9 @@ def _number(value: Any) -> float | None:
     return float(value) if np.isfinite(value) and value > 0 else None
 
 
-def _set_x_scale(ax: Axes, samples: list[np.ndarray]) -> None:
-    """Log x when the panel's values are positive and span at least a decade."""
+def _set_x_scale(ax: Axes, samples: list[np.ndarray], fig_width: float) -> None:
+    """Log x when the panel's values are positive and span at least a decade, labelled in
+    plain numbers at the densest of :func:`log_ticks`' steps whose labels do not overlap."""
     values = np.concatenate([s for s in samples if s.size] or [np.empty(0)])
     if not values.size:
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", color="0.4")
@@ -419,11 +430,58 @@ def _set_x_scale(ax: Axes, samples: list[np.ndarray]) -> None:
     lo, hi = float(values.min()), float(values.max())
     if lo > 0 and hi / lo >= 10:
         ax.set_xscale("log")
-        # plain numbers at 1-2-5 steps: matplotlib's own labels of the minor ticks of an
-        # axis spanning one or two decades overlap
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        width = ax.get_position().width * fig_width
+        size = FontProperties(size=matplotlib.rcParams["xtick.labelsize"]).get_size_in_points()
+        ax.xaxis.set_major_locator(FixedLocator(log_ticks(lo, hi, width, size)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: tick_text(value)))
+        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
         ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+LOG_STEPS = (((1, 2, 5), 1), ((1, 3), 1), ((1,), 1), ((1,), 2), ((1,), 3), ((1,), 5))
+"""Tick steps of a log axis, densest first: (multiples of each labelled decade, every how
+many decades)."""
+LABEL_GAP = 0.12
+"""Inches of white between two tick labels."""
+
+
+def _text_width(text: str, font_pt: float) -> float:
+    """Inches that ``text`` takes at ``font_pt`` points in matplotlib's default font."""
+    from matplotlib.textpath import TextPath
+
+    return float(TextPath((0, 0), text, size=font_pt).get_extents().width) / 72
+
+
+def tick_text(value: float) -> str:
+    """A tick as a plain number: ``20``, ``1,000``, ``100,000``, ``0.5``."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def log_ticks(lo: float, hi: float, width_in: float, font_pt: float) -> list[float]:
+    """Ticks from ``lo`` to ``hi`` (> lo > 0) on a log axis ``width_in`` inches long: the
+    densest of :data:`LOG_STEPS` whose plain-number labels (``font_pt`` points) leave
+    :data:`LABEL_GAP` between neighbours, else the sparsest."""
+    span = math.log10(hi / lo)
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    ticks: list[float] = []
+    sparsest: list[float] = []
+    for subs, every in LOG_STEPS:
+        ticks = [
+            m * 10.0**e
+            for e in range(first, last + 1)
+            if e % every == 0
+            for m in subs
+            if lo * (1 - 1e-9) <= m * 10.0**e <= hi * (1 + 1e-9)
+        ]
+        half = [_text_width(tick_text(t), font_pt) / 2 for t in ticks]
+        fits = all(
+            width_in * math.log10(b / a) / span >= ha + hb + LABEL_GAP
+            for a, b, ha, hb in zip(ticks, ticks[1:], half, half[1:])
+        )
+        if fits and len(ticks) >= 2:
+            return ticks
+        sparsest = ticks or sparsest
+    return sparsest
 
 
 def _describe(runs: list[Run]) -> str:

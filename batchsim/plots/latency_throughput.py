@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Series, Study, finite_number, value_text
-from batchsim.plots.style import describe_study, new_figure, series_colors
+from batchsim.plots.style import describe_study, legend_columns, new_figure, series_colors
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -273,7 +273,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     fig.legend(
         handles=handles,
         loc="outside lower center",
-        ncols=min(len(handles), 4),
+        ncols=legend_columns([str(h.get_label()) for h in handles], fig.get_figwidth(), 4),
         fontsize="small",
         frameon=False,
     )

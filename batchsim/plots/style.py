@@ -263,6 +263,20 @@ def metric_label(metric: str) -> str:
     return f"{stat} {words}".strip() + (" (ms)" if ms else "")
 
 
+def legend_columns(labels: Sequence[str], width_in: float, max_columns: int = 3) -> int:
+    """The most columns (up to ``max_columns``) in which a legend of ``labels`` at the
+    "small" font fits ``width_in`` inches, each column as wide as the longest label."""
+    from matplotlib.font_manager import FontProperties
+
+    if not labels:
+        return 1
+    em = FontProperties(size="small").get_size_in_points() / 72
+    longest = max(len(line) for label in labels for line in str(label).splitlines())
+    # handle (2 em), its pad (0.8 em), the label, and the spacing to the next column (2 em)
+    column = (2.0 + 0.8 + 2.0) * em + longest * 0.62 * em
+    return max(1, min(max_columns, len(labels), int(width_in // column)))
+
+
 def finish(ax: Axes, *, legend: bool = True, **legend_kwargs: Any) -> None:
     """Grid lines and, if there is anything labelled, a legend."""
     ax.grid(True, which="major", alpha=0.3)
