@@ -173,10 +173,6 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     from matplotlib.lines import Line2D
 
     study = _study(sources)
-    if options.metrics:
-        raise ConfigError(
-            "latency-throughput draws TTFT and TPOT (p50 and p99) and takes no --metric"
-        )
     keys = load_keys(study.varied)
     moving = {k for key in keys for k in study.zipped_with(key)}
     others = [

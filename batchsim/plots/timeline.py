@@ -73,6 +73,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
+    from batchsim.plots import PlotOptions
+
     runs = []
     for source in sources:
         if not isinstance(source, Run):
@@ -124,8 +126,11 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         ax.set_facecolor(STATE_COLORS["idle"])
         ax.grid(False)
     if not any_drawn:
+        lo, hi = _x_range(runs, PlotOptions())
         raise ConfigError(
-            f"no iteration runs between --from {options.start} and --to {options.end} s"
+            f"{', '.join(str(r.path) for r in runs)}: no iteration between --from "
+            f"{options.start or 0:g} s and --to {_seconds(options.end)} (its iterations run "
+            f"from {lo:g} s to {hi:g} s)"
         )
     lo, hi = _x_range(runs, options)
     axes[-1, 0].set_xlim(lo, hi)
@@ -140,6 +145,10 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     else:
         fig.suptitle("Batch slots over time: " + " vs ".join(r.policy for r in runs))
     return fig
+
+
+def _seconds(value: float | None) -> str:
+    return "the end" if value is None else f"{value:g} s"
 
 
 def _num_slots(run: Run) -> int:
