@@ -38,12 +38,13 @@ from batchsim.errors import ConfigError
 from batchsim.metrics.slots import SLOT_COLUMNS, SLOT_STATES
 from batchsim.plots.data import TABLE_FORMATS, Run, Study
 from batchsim.plots.style import (
+    SeriesStyle,
     catalog_name,
     describe_load,
     finish,
     legend_columns,
     new_figure,
-    series_colors,
+    series_styles,
 )
 
 if TYPE_CHECKING:
@@ -110,14 +111,14 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         keep = np.unique(np.linspace(0, total - 1, MAX_LINES).round().astype(int))
         runs = [runs[i] for i in keep]
     labels = _labels(runs)
-    colors = series_colors(labels, {label: run.policy for label, run in zip(labels, runs)})
+    styles = series_styles(labels, {label: run.policy for label, run in zip(labels, runs)})
 
     fig, axes = new_figure(2, 2, figsize=(9.0, 6.6))
     panels: dict[str, Axes] = {metric: ax for (metric, _), ax in zip(PANELS, axes.flat)}
     samples: dict[str, list[np.ndarray]] = {metric: [] for metric, _ in PANELS}
     handles, legend_labels = [], []
     missing_slots = []
-    for run, label, color in zip(runs, labels, colors):
+    for run, label, style in zip(runs, labels, styles):
         done = _finished(run)
         values = {
             "ttft_ms": done["ttft_ms"].to_numpy(dtype=float),
@@ -134,12 +135,12 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         for metric, sample in values.items():
             sample = sample[np.isfinite(sample)]
             samples[metric].append(sample)
-            drawn = _draw_cdf(panels[metric], sample, color)
+            drawn = _draw_cdf(panels[metric], sample, style)
             line = line or drawn
         if "itl_ms" not in values:
-            samples["itl_ms"].append(_draw_itl_summary(panels["itl_ms"], run.summary, color))
+            samples["itl_ms"].append(_draw_itl_summary(panels["itl_ms"], run.summary, style))
         if line is None:  # no finished request: a legend entry all the same
-            (line,) = panels["ttft_ms"].plot([], [], color=color)
+            (line,) = panels["ttft_ms"].plot([], [], color=style.color, linestyle=style.dashes)
         handles.append(line)
         legend_labels.append(f"{label} ({len(done):,} finished)")
 
@@ -366,7 +367,7 @@ def _finished(run: Run) -> pd.DataFrame:
 # --------------------------------------------------------------------------- drawing
 
 
-def _draw_cdf(ax: Axes, sample: np.ndarray, color: str) -> Any:
+def _draw_cdf(ax: Axes, sample: np.ndarray, style: SeriesStyle) -> Any:
     """The empirical CDF of ``sample`` as a step line: x the sorted values, y = rank / n."""
     if not sample.size:
         return None
@@ -375,11 +376,13 @@ def _draw_cdf(ax: Axes, sample: np.ndarray, color: str) -> Any:
     if x.size > MAX_POINTS:
         keep = np.unique(np.linspace(0, x.size - 1, MAX_POINTS).round().astype(np.int64))
         x, y = x[keep], y[keep]
-    (line,) = ax.plot(x, y, drawstyle="steps-post", color=color, linewidth=1.5)
+    (line,) = ax.plot(
+        x, y, drawstyle="steps-post", color=style.color, linestyle=style.dashes, linewidth=1.5
+    )
     return line
 
 
-def _draw_itl_summary(ax: Axes, summary: dict[str, Any], color: str) -> np.ndarray:
+def _draw_itl_summary(ax: Axes, summary: dict[str, Any], style: SeriesStyle) -> np.ndarray:
     """The summary's ITL statistics of a run without slots.csv: p50, p90 and p99 at their
     levels (joined by a dotted line), the mean as a cross at level 0.5."""
     xs, ys = [], []
@@ -389,10 +392,12 @@ def _draw_itl_summary(ax: Axes, summary: dict[str, Any], color: str) -> np.ndarr
             xs.append(value)
             ys.append(level)
     if xs:
-        ax.plot(xs, ys, linestyle=":", marker="o", color=color, markersize=5, linewidth=1)
+        ax.plot(
+            xs, ys, linestyle=":", marker=style.marker, color=style.color, markersize=5, linewidth=1
+        )
     mean = _number(summary.get("mean_itl_ms"))
     if mean is not None:
-        ax.plot([mean], [0.5], linestyle="none", marker="x", color=color, markersize=7)
+        ax.plot([mean], [0.5], linestyle="none", marker="x", color=style.color, markersize=7)
         xs.append(mean)
     return np.array(xs, dtype=float)
 
