@@ -3,7 +3,8 @@
 Rows are batch slots, time runs to the right, and each slot is coloured by what it did in
 each iteration (``slots.csv``): prefill, chunked prefill, decode, stalled (running but not
 scheduled: a decode waiting out a prefill-only iteration), padding or empty (the slot of a
-request that finished while its static batch runs on), and idle (white: no iteration runs).
+request that finished while its static batch runs on), and idle (white: no request in the
+slot, whether or not an iteration runs: a continuous batch narrower than its widest).
 Static batching's empty slots next to continuous batching's refilling, or decodes stalled
 under prefills, are this picture. Several runs are drawn one above the other on one time
 axis. Runs need ``metrics.record_slots: true``.
@@ -33,6 +34,7 @@ STATE_LABELS = {
     "padding": "padding (finished row computed)",
     "empty": "empty slot",
 }
+IDLE_LABEL = "idle (no request in the slot)"
 
 
 def applies(source: Run | Study) -> bool:
@@ -138,7 +140,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     handles = [
         Patch(facecolor=STATE_COLORS[s], label=STATE_LABELS[s]) for s in STATE_LABELS if s in seen
     ]
-    handles.append(Patch(facecolor=STATE_COLORS["idle"], edgecolor="#999999", label="idle"))
+    handles.append(Patch(facecolor=STATE_COLORS["idle"], edgecolor="#999999", label=IDLE_LABEL))
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize="small")
     if len(runs) == 1:
         fig.suptitle("Batch slots over time")
