@@ -526,14 +526,13 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from batchsim.plots import PlotOptions, figure, module
+    from batchsim.plots import PlotOptions, check_options, figure, module
     from batchsim.plots.style import save
 
-    module(args.kind)  # an unknown kind is an error before anything is read
-    if args.start is not None and args.end is not None and not args.start < args.end:
-        raise ConfigError(f"--from {args.start:g} must be before --to {args.end:g}")
-    out = Path(args.output) if args.output else Path(args.dirs[0]) / f"{args.kind}.png"
+    module(args.kind)  # an unknown kind or option is an error before anything is read
     options = PlotOptions(metrics=list(args.metric), start=args.start, end=args.end)
+    check_options(args.kind, options)
+    out = Path(args.output) if args.output else Path(args.dirs[0]) / f"{args.kind}.png"
     fig = figure(args.kind, list(args.dirs), options)
     save(fig, out)
     print(f"wrote {out}")
@@ -753,10 +752,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="what to draw where a kind offers a choice (knee: p99_itl_ms or p99_tpot_ms ...)",
+        help="knee: the latency on the right axis (default p99_itl_ms); sweep: a summary "
+        "metric per panel (repeat for up to four); other kinds take none",
     )
-    p.add_argument("--from", dest="start", type=_seconds, metavar="S", help="start time (s)")
-    p.add_argument("--to", dest="end", type=_seconds, metavar="S", help="end time (s)")
+    p.add_argument(
+        "--from", dest="start", type=_seconds, metavar="S", help="timeline, kv: start time (s)"
+    )
+    p.add_argument(
+        "--to", dest="end", type=_seconds, metavar="S", help="timeline, kv: end time (s)"
+    )
     p.set_defaults(func=_cmd_plot)
 
     p = sub.add_parser(

@@ -36,3 +36,20 @@ def test_a_varied_block_is_named_by_the_keys_that_differ_and_a_missing_one_as_no
         "speculative=num_speculative_tokens=2 acceptance_rate=0.6",
         "speculative=num_speculative_tokens=4 acceptance_rate=0.8",
     ]
+
+
+def test_series_styles_give_a_policy_its_colour_and_number_its_lines():
+    from batchsim.plots.style import OKABE_ITO, POLICY_COLORS, series_styles
+
+    labels = ["a", "b", "c", "d", "e"]
+    policies = {"a": "static", "b": "static", "c": "continuous", "d": "mymod:Mine", "e": "static"}
+    styles = series_styles(labels, policies)
+    assert [s.color for s in styles[:3]] == [POLICY_COLORS["static"]] * 2 + [
+        POLICY_COLORS["continuous"]
+    ]
+    assert styles[4].color == POLICY_COLORS["static"]
+    assert [s.variant for s in styles] == [0, 1, 0, 0, 2]
+    assert len({styles[i].marker for i in (0, 1, 4)}) == 3
+    assert len({str(styles[i].dashes) for i in (0, 1, 4)}) == 3
+    # a series of no built-in policy takes a palette colour that no policy has
+    assert styles[3].color in OKABE_ITO and styles[3].color not in POLICY_COLORS.values()

@@ -59,3 +59,16 @@ def test_cli_writes_png(sweep_dir, tmp_path):
         == 0
     )
     assert out.stat().st_size > 5_000
+
+
+def test_lines_of_one_unvaried_policy_take_its_colour_and_differ_by_marker(sweep_dir):
+    """The sweep does not vary the policy (dynamic): both lines are dynamic's colour, told
+    apart by marker and line style."""
+    from batchsim.plots.style import POLICY_COLORS
+
+    fig = figure("sweep", [sweep_dir])
+    lines = [container.lines[0] for container in fig.axes[0].containers]
+    assert [line.get_color() for line in lines] == [POLICY_COLORS["dynamic"]] * 2
+    assert len({line.get_marker() for line in lines}) == 2
+    assert len({line.get_linestyle() for line in lines}) == 2
+    assert "dynamic" in fig._suptitle.get_text()

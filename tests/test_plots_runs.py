@@ -8,6 +8,7 @@ summary the simulator computed from its own token records.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,71 @@ def test_cdf_lines_are_numpys_sorted_values_of_the_finished_requests(folders):
     np.testing.assert_array_equal(fig.axes[3].get_lines()[0].get_xdata(), e2el)
     # TTFT of a static batch spans decades: log axis
     assert fig.axes[0].get_xscale() == "log"
+
+
+def visible_tick_labels(fig: Any, ax: Any) -> list[Any]:
+    """The x tick labels drawn inside ``ax``'s view, after layout."""
+    fig.canvas.draw()
+    lo, hi = sorted(ax.get_xlim())
+    return [
+        t
+        for tick, t in zip(ax.get_xticks(), ax.get_xticklabels())
+        if lo <= tick <= hi and t.get_visible() and t.get_text()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi"), [(13, 160), (15, 95_000), (10, 1.2e6), (0.4, 30), (38, 120_000), (1.1, 9e8)]
+)
+def test_cdf_log_axis_labels_never_overlap(lo, hi):
+    """Tick labels of a CDF panel spanning one to nine decades stay apart (a panel of
+    latencies from 15 ms to 95 s at 1-2-5 steps ran its labels into each other)."""
+    from batchsim.plots.style import new_figure
+
+    fig, axes = new_figure(2, 2, figsize=(9.0, 6.6))
+    sample = np.geomspace(lo, hi, 200)
+    for ax in axes.flat:
+        ax.plot(np.sort(sample), np.linspace(0, 1, sample.size))
+        cdf_kind._set_x_scale(ax, [sample], fig.get_figwidth())
+    for ax in axes.flat:
+        labels = visible_tick_labels(fig, ax)
+        assert len(labels) >= 2, (lo, hi)
+        boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+        for left, right in itertools.pairwise(boxes):
+            assert left.x1 < right.x0, [t.get_text() for t in labels]
+        for t in labels:  # plain numbers, as a reader writes them
+            assert float(t.get_text().replace(",", "")) > 0 and "e" not in t.get_text()
+
+
+def test_cdf_log_ticks_are_as_dense_as_fit():
+    assert cdf_kind.log_ticks(13, 160, 4.0, 10) == [20, 50, 100]
+    assert cdf_kind.log_ticks(15, 95_000, 4.0, 10) == [100, 1_000, 10_000]
+    assert cdf_kind.log_ticks(15, 95_000, 40.0, 10)[:4] == [20, 50, 100, 200]
+
+
+def assert_inside_the_figure(fig: Any) -> None:
+    """Every legend of ``fig`` lies within the figure (nothing cut off at its edges)."""
+    fig.canvas.draw()
+    page = fig.bbox
+    for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes)]:
+        if legend is None:
+            continue
+        box = legend.get_window_extent()
+        assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, (box, page)
+        assert page.y0 - 1 <= box.y0 and box.y1 <= page.y1 + 1, (box, page)
+
+
+def test_cdf_legend_of_runs_with_long_names_fits_the_figure(folders, tmp_path):
+    import shutil
+
+    runs = []
+    for i, name in enumerate(("static", "pressure", "static", "pressure")):
+        run = tmp_path / f"max_num_seqs={2**i},policy=continuous,hardware=a100-80gb,rate={i}"
+        shutil.copytree(folders[name], run)
+        runs.append(run)
+    fig = draw("cdf", *runs)
+    assert len(fig.legends[0].get_texts()) == 4
+    assert_inside_the_figure(fig)
 
 
 def test_cdf_itl_markers_are_the_summary_percentiles(folders):

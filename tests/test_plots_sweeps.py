@@ -497,3 +497,75 @@ def test_cli_plot_writes_kind_png_into_the_folder_by_default(load_dir, capacity_
     assert (load_dir / "latency-throughput.png").stat().st_size > 5000
     assert cli.main(["plot", "capacity", str(capacity_dir)]) == 0
     assert (capacity_dir / "capacity.png").stat().st_size > 5000
+
+
+# ---- several configurations of one policy ----------------------------------------------------
+
+GPUS = ["a100-80gb", "h100-sxm"]
+
+
+@pytest.fixture(scope="module")
+def mixed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep over cap, policy and GPU: two lines of each policy."""
+    out = tmp_path_factory.mktemp("plots") / "mixed"
+    grid = {"scheduler.max_num_seqs": [1, 4], "scheduler.policy": POLICIES, "hardware": GPUS}
+    exp = experiment(workload={**poisson(4.0, 24), "prompt_tokens": {"dist": "fixed", "value": 32}})
+    batchsim.sweep(exp, grid, executor=INLINE, out_dir=out)
+    return out
+
+
+def policy_of(label: str) -> str:
+    return next(p for p in POLICIES if f"policy={p}" in label)
+
+
+@pytest.mark.parametrize("kind", ["knee", "sweep", "cdf"])
+def test_a_policy_keeps_its_colour_when_several_lines_share_it(mixed_dir, kind):
+    """Lines of one policy on two GPUs take the policy's colour (not two other colours) and
+    differ by marker, or by line style in the CDF."""
+    fig = figure(kind, [mixed_dir])
+    if kind == "knee":
+        lines = gid_lines(axes_by_ylabel(fig, "output throughput (tok/s)"), "throughput")
+        labels = [t for t in legend_texts(fig) if "policy=" in t]
+    elif kind == "sweep":
+        lines = [ln for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")]
+        labels = [ln.get_label() for ln in lines]
+    else:
+        lines = fig.axes[0].get_lines()
+        labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(lines) == len(labels) == (4 if kind != "cdf" else 8)
+    for line, label in zip(lines, labels):
+        assert line.get_color() == POLICY_COLORS[policy_of(label)], label
+    for policy in POLICIES:
+        mine = [ln for ln, lb in zip(lines, labels) if policy_of(lb) == policy]
+        look = {ln.get_linestyle() if kind == "cdf" else ln.get_marker() for ln in mine}
+        assert len(look) == len(mine), (policy, look)
+
+
+def test_knee_names_the_gpu_of_each_roofline_knee(mixed_dir):
+    fig = figure("knee", [mixed_dir])
+    roofs = [t for t in legend_texts(fig) if "roofline knee B" in t or "memory-bound" in t]
+    assert len(roofs) == 2
+    assert any("on a100-80gb:" in t for t in roofs) and any("on h100-sxm:" in t for t in roofs)
+    # drawn in greys: a colour in these figures means a policy
+    handles = [h for legend in fig.legends for h in legend.legend_handles]
+    marks = [h for h in handles if "roofline knee B" in h.get_label() or "bound" in h.get_label()]
+    assert len(marks) == 2
+    assert not {h.get_color() for h in marks} & set(POLICY_COLORS.values())
+    assert "GPUs varied" in suptitle(fig) and "policy varied" in suptitle(fig)
+    sweep_title = suptitle(figure("sweep", [mixed_dir]))
+    assert "GPUs varied" in sweep_title and "policy varied" in sweep_title
+
+
+def test_latency_throughput_keeps_policy_colours_across_gpus(tmp_path):
+    out = tmp_path / "load"
+    grid = {"workload.arrival.rate": [2.0, 8.0], "scheduler.policy": POLICIES, "hardware": GPUS}
+    batchsim.sweep(experiment(workload=poisson(4.0, 24)), grid, executor=INLINE, out_dir=out)
+    fig = figure("latency-throughput", [out])
+    p50 = gid_lines(axes_by_ylabel(fig, "TTFT (ms)"), "p50")
+    labels = [t for t in legend_texts(fig) if "policy=" in t]
+    assert len(p50) == len(labels) == 4
+    for line, label in zip(p50, labels):
+        assert line.get_color() == POLICY_COLORS[policy_of(label)], label
+    for policy in POLICIES:
+        markers = {ln.get_marker() for ln, lb in zip(p50, labels) if policy_of(lb) == policy}
+        assert len(markers) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -55,7 +57,7 @@ def test_drawn_slots_at_every_iteration_match_num_seqs_and_num_slots(runs, polic
     assert (computing + kept == it["num_slots"].to_numpy()).all()
     assert ax.get_xlabel() == "time (s)" and ax.get_ylabel() == "batch slot"
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "decode" in legend and "idle" in legend
+    assert "decode" in legend and "idle (no request in the slot)" in legend
     if policy == "static":
         assert "padding (finished row computed)" in legend
 
@@ -78,7 +80,7 @@ def test_a_run_without_slots_is_a_one_line_error(runs, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "slots.csv" in err
     assert not (tmp_path / "t.png").exists()
-    with pytest.raises(ConfigError, match="no iteration runs"):
+    with pytest.raises(ConfigError, match="no iteration between"):
         figure("timeline", [runs["static"]], PlotOptions(start=1e6, end=1e6 + 1))
 
 
@@ -96,3 +98,36 @@ def test_unknown_formats_and_kinds_are_refused(runs, tmp_path, capsys):
     assert cli.main(["plot", "pie", str(runs["static"])]) == 2
     assert "invalid choice: 'pie'" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cdf", "--metric", "p99_ttft_ms"], "--metric p99_ttft_ms: plot cdf takes no --metric; "
+         "the kinds that do: knee, sweep"),
+        (["timeline", "--metric", "x"], "--metric x: plot timeline takes no --metric"),
+        (["roofline", "--from", "1"], "--from 1: plot roofline draws the whole result and takes "
+         "no --from/--to; the kinds that do: timeline, kv"),
+        (["cdf", "--to", "2.5"], "--to 2.5: plot cdf draws the whole result"),
+        (["timeline", "--from", "4", "--to", "2"], "--from 4 must be before --to 2"),
+        (["kv", "--from", "3", "--to", "3"], "--from 3 must be before --to 3"),
+        (["timeline", "--from", "1e9"], "no iteration between --from 1e+09 s and --to the end "
+         "(its iterations run from "),
+    ],
+)  # fmt: skip
+def test_options_a_kind_does_not_take_are_refused(runs, tmp_path, capsys, argv, message):
+    """An option the kind would ignore, or an empty window, is a one-line error naming it;
+    nothing is written."""
+    out = tmp_path / "f.png"
+    code = cli.main(["plot", argv[0], str(runs["static"]), *argv[1:], "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1 and message in captured.err
+    assert not out.exists()
+    options = PlotOptions(
+        metrics=argv[2:3] if argv[1] == "--metric" else [],
+        start=float(argv[argv.index("--from") + 1]) if "--from" in argv else None,
+        end=float(argv[argv.index("--to") + 1]) if "--to" in argv else None,
+    )
+    with pytest.raises(ConfigError, match=re.escape(message)):  # the API refuses them too
+        figure(argv[0], [runs["static"]], options)

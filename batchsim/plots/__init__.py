@@ -13,6 +13,7 @@ policy colours, sizes, titles) and read folders through :mod:`batchsim.plots.dat
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +40,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "capacity": ("capacity", "capacity per configuration (a capacity study)"),
 }
 """Figure kinds: name -> (module in batchsim.plots, what it draws)."""
+METRIC_KINDS = ("knee", "sweep")
+"""The kinds that take ``--metric`` (knee: the latency on its right axis; sweep: its panels)."""
+WINDOW_KINDS = ("timeline", "kv")
+"""The kinds that take ``--from``/``--to`` (they draw a run over time)."""
 
 
 @dataclass
@@ -63,13 +68,45 @@ def module(kind: str) -> ModuleType:
     return importlib.import_module(f"batchsim.plots.{KINDS[kind][0]}")
 
 
+def check_options(kind: str, options: PlotOptions) -> None:
+    """Refuse options that ``kind`` would not use, and a window that is empty or negative.
+
+    Raises:
+        ConfigError: One line naming the option, its value and the kinds that take it.
+    """
+    if options.metrics and kind not in METRIC_KINDS:
+        raise ConfigError(
+            f"--metric {options.metrics[0]}: plot {kind} takes no --metric; "
+            f"the kinds that do: {', '.join(METRIC_KINDS)}"
+        )
+    for flag, value in (("--from", options.start), ("--to", options.end)):
+        if value is None:
+            continue
+        if kind not in WINDOW_KINDS:
+            raise ConfigError(
+                f"{flag} {value:g}: plot {kind} draws the whole result and takes no "
+                f"--from/--to; the kinds that do: {', '.join(WINDOW_KINDS)}"
+            )
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{flag} {value:g}: expected seconds >= 0")
+    if options.start is not None and options.end is not None and not options.start < options.end:
+        raise ConfigError(f"--from {options.start:g} must be before --to {options.end:g}")
+
+
 def figure(kind: str, paths: list[str | Path], options: PlotOptions | None = None) -> Figure:
-    """Draw ``kind`` from result folders (runs, sweeps or capacity studies)."""
+    """Draw ``kind`` from result folders (runs, sweeps or capacity studies).
+
+    Raises:
+        ConfigError: An unknown kind, an option the kind does not take
+            (:func:`check_options`), or a folder it cannot draw.
+    """
     from batchsim.plots.data import load
 
     draw = module(kind)
+    options = options or PlotOptions()
+    check_options(kind, options)
     sources = [load(p) for p in paths]
-    return draw.plot(sources, options or PlotOptions())  # type: ignore[no-any-return]
+    return draw.plot(sources, options)  # type: ignore[no-any-return]
 
 
 def relevant_kinds(source: Run | Study) -> list[str]:

@@ -119,8 +119,6 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     import pandas as pd
 
     study = _study(sources)
-    if options.metrics:
-        raise ConfigError("capacity draws max_request_rate and takes no --metric")
     table = study.table
     if "max_request_rate" not in table:
         raise ConfigError(f"{study.path}: capacity.csv has no max_request_rate column")

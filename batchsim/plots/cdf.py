@@ -24,17 +24,28 @@ drawn and the legend says how many. Runs that differ by policy take the policy's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import matplotlib
 import numpy as np
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.font_manager import FontProperties
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from batchsim.errors import ConfigError
 from batchsim.metrics.slots import SLOT_COLUMNS, SLOT_STATES
 from batchsim.plots.data import TABLE_FORMATS, Run, Study
-from batchsim.plots.style import catalog_name, describe_load, finish, new_figure, series_colors
+from batchsim.plots.style import (
+    SeriesStyle,
+    catalog_name,
+    describe_load,
+    finish,
+    legend_columns,
+    new_figure,
+    series_styles,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,14 +111,14 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         keep = np.unique(np.linspace(0, total - 1, MAX_LINES).round().astype(int))
         runs = [runs[i] for i in keep]
     labels = _labels(runs)
-    colors = series_colors(labels, {label: run.policy for label, run in zip(labels, runs)})
+    styles = series_styles(labels, {label: run.policy for label, run in zip(labels, runs)})
 
     fig, axes = new_figure(2, 2, figsize=(9.0, 6.6))
     panels: dict[str, Axes] = {metric: ax for (metric, _), ax in zip(PANELS, axes.flat)}
     samples: dict[str, list[np.ndarray]] = {metric: [] for metric, _ in PANELS}
     handles, legend_labels = [], []
     missing_slots = []
-    for run, label, color in zip(runs, labels, colors):
+    for run, label, style in zip(runs, labels, styles):
         done = _finished(run)
         values = {
             "ttft_ms": done["ttft_ms"].to_numpy(dtype=float),
@@ -124,12 +135,12 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         for metric, sample in values.items():
             sample = sample[np.isfinite(sample)]
             samples[metric].append(sample)
-            drawn = _draw_cdf(panels[metric], sample, color)
+            drawn = _draw_cdf(panels[metric], sample, style)
             line = line or drawn
         if "itl_ms" not in values:
-            samples["itl_ms"].append(_draw_itl_summary(panels["itl_ms"], run.summary, color))
+            samples["itl_ms"].append(_draw_itl_summary(panels["itl_ms"], run.summary, style))
         if line is None:  # no finished request: a legend entry all the same
-            (line,) = panels["ttft_ms"].plot([], [], color=color)
+            (line,) = panels["ttft_ms"].plot([], [], color=style.color, linestyle=style.dashes)
         handles.append(line)
         legend_labels.append(f"{label} ({len(done):,} finished)")
 
@@ -141,7 +152,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("fraction of token gaps" if metric == "itl_ms" else "fraction of requests")
         ax.set_ylim(0.0, 1.02)
-        _set_x_scale(ax, samples[metric])
+        _set_x_scale(ax, samples[metric], fig.get_figwidth())
         finish(ax, legend=False)
     if missing_slots:
         _note_itl_summary(
@@ -155,7 +166,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         handles,
         legend_labels,
         loc="outside lower center",
-        ncols=min(len(handles), 3),
+        ncols=legend_columns(legend_labels, fig.get_figwidth()),
         fontsize="small",
         title=shown,
         title_fontsize="small",
@@ -356,7 +367,7 @@ def _finished(run: Run) -> pd.DataFrame:
 # --------------------------------------------------------------------------- drawing
 
 
-def _draw_cdf(ax: Axes, sample: np.ndarray, color: str) -> Any:
+def _draw_cdf(ax: Axes, sample: np.ndarray, style: SeriesStyle) -> Any:
     """The empirical CDF of ``sample`` as a step line: x the sorted values, y = rank / n."""
     if not sample.size:
         return None
@@ -365,11 +376,13 @@ def _draw_cdf(ax: Axes, sample: np.ndarray, color: str) -> Any:
     if x.size > MAX_POINTS:
         keep = np.unique(np.linspace(0, x.size - 1, MAX_POINTS).round().astype(np.int64))
         x, y = x[keep], y[keep]
-    (line,) = ax.plot(x, y, drawstyle="steps-post", color=color, linewidth=1.5)
+    (line,) = ax.plot(
+        x, y, drawstyle="steps-post", color=style.color, linestyle=style.dashes, linewidth=1.5
+    )
     return line
 
 
-def _draw_itl_summary(ax: Axes, summary: dict[str, Any], color: str) -> np.ndarray:
+def _draw_itl_summary(ax: Axes, summary: dict[str, Any], style: SeriesStyle) -> np.ndarray:
     """The summary's ITL statistics of a run without slots.csv: p50, p90 and p99 at their
     levels (joined by a dotted line), the mean as a cross at level 0.5."""
     xs, ys = [], []
@@ -379,10 +392,12 @@ def _draw_itl_summary(ax: Axes, summary: dict[str, Any], color: str) -> np.ndarr
             xs.append(value)
             ys.append(level)
     if xs:
-        ax.plot(xs, ys, linestyle=":", marker="o", color=color, markersize=5, linewidth=1)
+        ax.plot(
+            xs, ys, linestyle=":", marker=style.marker, color=style.color, markersize=5, linewidth=1
+        )
     mean = _number(summary.get("mean_itl_ms"))
     if mean is not None:
-        ax.plot([mean], [0.5], linestyle="none", marker="x", color=color, markersize=7)
+        ax.plot([mean], [0.5], linestyle="none", marker="x", color=style.color, markersize=7)
         xs.append(mean)
     return np.array(xs, dtype=float)
 
@@ -410,8 +425,9 @@ def _number(value: Any) -> float | None:
     return float(value) if np.isfinite(value) and value > 0 else None
 
 
-def _set_x_scale(ax: Axes, samples: list[np.ndarray]) -> None:
-    """Log x when the panel's values are positive and span at least a decade."""
+def _set_x_scale(ax: Axes, samples: list[np.ndarray], fig_width: float) -> None:
+    """Log x when the panel's values are positive and span at least a decade, labelled in
+    plain numbers at the densest of :func:`log_ticks`' steps whose labels do not overlap."""
     values = np.concatenate([s for s in samples if s.size] or [np.empty(0)])
     if not values.size:
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", color="0.4")
@@ -419,11 +435,58 @@ def _set_x_scale(ax: Axes, samples: list[np.ndarray]) -> None:
     lo, hi = float(values.min()), float(values.max())
     if lo > 0 and hi / lo >= 10:
         ax.set_xscale("log")
-        # plain numbers at 1-2-5 steps: matplotlib's own labels of the minor ticks of an
-        # axis spanning one or two decades overlap
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        width = ax.get_position().width * fig_width
+        size = FontProperties(size=matplotlib.rcParams["xtick.labelsize"]).get_size_in_points()
+        ax.xaxis.set_major_locator(FixedLocator(log_ticks(lo, hi, width, size)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: tick_text(value)))
+        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
         ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+LOG_STEPS = (((1, 2, 5), 1), ((1, 3), 1), ((1,), 1), ((1,), 2), ((1,), 3), ((1,), 5))
+"""Tick steps of a log axis, densest first: (multiples of each labelled decade, every how
+many decades)."""
+LABEL_GAP = 0.12
+"""Inches of white between two tick labels."""
+
+
+def _text_width(text: str, font_pt: float) -> float:
+    """Inches that ``text`` takes at ``font_pt`` points in matplotlib's default font."""
+    from matplotlib.textpath import TextPath
+
+    return float(TextPath((0, 0), text, size=font_pt).get_extents().width) / 72
+
+
+def tick_text(value: float) -> str:
+    """A tick as a plain number: ``20``, ``1,000``, ``100,000``, ``0.5``."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def log_ticks(lo: float, hi: float, width_in: float, font_pt: float) -> list[float]:
+    """Ticks from ``lo`` to ``hi`` (> lo > 0) on a log axis ``width_in`` inches long: the
+    densest of :data:`LOG_STEPS` whose plain-number labels (``font_pt`` points) leave
+    :data:`LABEL_GAP` between neighbours, else the sparsest."""
+    span = math.log10(hi / lo)
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    ticks: list[float] = []
+    sparsest: list[float] = []
+    for subs, every in LOG_STEPS:
+        ticks = [
+            m * 10.0**e
+            for e in range(first, last + 1)
+            if e % every == 0
+            for m in subs
+            if lo * (1 - 1e-9) <= m * 10.0**e <= hi * (1 + 1e-9)
+        ]
+        half = [_text_width(tick_text(t), font_pt) / 2 for t in ticks]
+        fits = all(
+            width_in * math.log10(b / a) / span >= ha + hb + LABEL_GAP
+            for a, b, ha, hb in zip(ticks, ticks[1:], half, half[1:])
+        )
+        if fits and len(ticks) >= 2:
+            return ticks
+        sparsest = ticks or sparsest
+    return sparsest
 
 
 def _describe(runs: list[Run]) -> str:

@@ -4,7 +4,8 @@ sweep over ``scheduler.max_num_seqs``, with the knee of every curve and the roof
 *Top panel.* Output throughput (tok/s, left axis, solid) and a latency metric (right axis,
 dashed, the same colour; ``p99_itl_ms`` unless ``--metric`` names another summary latency
 metric) against the cap on a log2 axis: one line per combination of the sweep's other varied
-keys (policy, GPU, model, ...), coloured by policy through :mod:`batchsim.plots.style`. When
+keys (policy, GPU, model, ...), coloured by policy through :mod:`batchsim.plots.style` (lines
+of one policy differ by marker). When
 throughput spans more than three doublings its axis is logarithmic too: a curve that doubles
 with the cap is then a straight line and the knee is where it bends (a flat curve keeps a
 linear axis from 0, so that it looks flat). With ``sweep_stats.csv`` (several seeds) every
@@ -42,7 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Series, Study
-from batchsim.plots.style import describe_study, metric_label, new_figure, series_colors
+from batchsim.plots.style import (
+    catalog_name,
+    describe_study,
+    metric_label,
+    new_figure,
+    series_styles,
+)
 from batchsim.roofline import MAX_KNEE_BATCH
 
 if TYPE_CHECKING:
@@ -61,6 +68,8 @@ LOG_SPAN = 8.0
 RULE = f"knee: smallest cap B whose doubling\nadds < {100 * MIN_GAIN:g} % throughput"
 BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.5}
 HOW = "batchsim sweep EXP --grid scheduler.max_num_seqs=pow2:1..512"
+ROOF_GREYS = ("0.15", "0.45", "0.65")
+"""Colours of the roofline knees when the lines have several (one per model and GPU)."""
 
 
 def latency_metrics() -> tuple[str, ...]:
@@ -324,8 +333,18 @@ def _line_label(line: _Line, single: bool) -> str:
     return f"{name}: {knee}"
 
 
-def _roofline_text(knee: RooflineKnee) -> str:
+def _where(run: Run) -> str:
+    """``llama-2-7b on h100-sxm``: the model and GPU a roofline knee is for."""
+    config = run.config
+    tp = (config.get("parallel") or {}).get("tensor_parallel_size", 1)
     where = (
+        f"{catalog_name(config.get('model', '?'))} on {catalog_name(config.get('hardware', '?'))}"
+    )
+    return where + (f" x{tp}" if isinstance(tp, int) and tp > 1 else "")
+
+
+def _roofline_text(knee: RooflineKnee, where_for: str = "") -> str:
+    where = (f"{where_for}: " if where_for else "") + (
         f"roofline knee B = {knee.batch}"
         if knee.batch is not None
         else f"roofline: decode memory-bound up to B = {MAX_KNEE_BATCH:,}"
@@ -347,18 +366,19 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     lines = _lines(study, metric)
     single = len(lines) == 1
     labels = [line.series.label or _policy(line.run) for line in lines]
-    colors = series_colors(labels, {label: _policy(ln.run) for label, ln in zip(labels, lines)})
+    styles = series_styles(labels, {label: _policy(ln.run) for label, ln in zip(labels, lines)})
+    colors = [style.color for style in styles]
 
     fig, (ax, ax_batch) = new_figure(2, 1, sharex=True, figsize=(8.0, 7.0), height_ratios=[3, 1.2])
     ax_lat = ax.twinx()
     handles: list[Any] = []
-    for line, color in zip(lines, colors):
+    for line, color, marker in zip(lines, colors, (style.marker for style in styles)):
         ax.errorbar(
             line.caps,
             line.throughput,
             yerr=_errors(line.rows, "output_throughput"),
             color=color,
-            marker="o",
+            marker=marker,
             markersize=4,
             linewidth=1.8,
             capsize=0,
@@ -370,7 +390,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             line.latency,
             yerr=_errors(line.rows, metric),
             color=color,
-            marker="s",
+            marker=marker,
             markersize=3,
             linestyle="--",
             linewidth=1.2,
@@ -383,8 +403,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             line.batch,
             yerr=_errors(line.rows, "mean_batch_size"),
             color=color,
-            marker=".",
-            markersize=4,
+            marker=marker,
+            markersize=2.5,
             linewidth=1.0,
             capsize=0,
             elinewidth=0.9,
@@ -406,7 +426,9 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
                 gid="knee",
             )
         handles.append(
-            Line2D([], [], color=color, marker="o", markersize=4, label=_line_label(line, single))
+            Line2D(
+                [], [], color=color, marker=marker, markersize=4, label=_line_label(line, single)
+            )
         )
 
     caps = [c for line in lines for c in line.caps]
@@ -414,9 +436,10 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     bottom = blended_transform_factory(ax.transData, ax.transAxes)
     low, high = min(caps), max(caps)
     beyond: list[str] = []
-    for roof in sorted(roofs, key=lambda r: (r.batch or 0, r.context)):
-        owners = [c for line, c in zip(lines, colors) if line.roofline == roof]
-        color = "0.3" if len(roofs) == 1 else owners[0]
+    for index, roof in enumerate(sorted(roofs, key=lambda r: (r.batch or 0, r.context))):
+        # greys, not a series' colour: a colour means a policy
+        color = ROOF_GREYS[index % len(ROOF_GREYS)] if len(roofs) > 1 else "0.3"
+        owner = next(line for line in lines if line.roofline == roof)
         if roof.batch is not None and low / 1.5 <= roof.batch <= high * 1.5:
             for target in (ax, ax_batch):
                 target.axvline(
@@ -441,7 +464,14 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         elif roof.batch is not None:  # far off the caps swept: say where, do not stretch x
             beyond.append(f"B = {roof.batch} " + ("→" if roof.batch > high else "←"))
         handles.append(
-            Line2D([], [], color=color, linestyle="-.", linewidth=1.2, label=_roofline_text(roof))
+            Line2D(
+                [],
+                [],
+                color=color,
+                linestyle="-.",
+                linewidth=1.2,
+                label=_roofline_text(roof, _where(owner.run) if len(roofs) > 1 else ""),
+            )
         )
     if beyond:
         ax.set_title(f"roofline knee {', '.join(beyond)}", loc="right", fontsize="small")

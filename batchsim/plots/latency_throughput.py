@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Series, Study, finite_number, value_text
-from batchsim.plots.style import describe_study, new_figure, series_colors
+from batchsim.plots.style import describe_study, legend_columns, new_figure, series_styles
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -173,10 +173,6 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     from matplotlib.lines import Line2D
 
     study = _study(sources)
-    if options.metrics:
-        raise ConfigError(
-            "latency-throughput draws TTFT and TPOT (p50 and p99) and takes no --metric"
-        )
     keys = load_keys(study.varied)
     moving = {k for key in keys for k in study.zipped_with(key)}
     others = [
@@ -194,7 +190,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         )
     policies = [_policy(study, s) for s in series]
     labels = [s.label or p for s, p in zip(series, policies)]
-    colors = series_colors(labels, dict(zip(labels, policies)))
+    styles = series_styles(labels, dict(zip(labels, policies)))
     config = study.base_config
     slo = _slo(config)
 
@@ -202,7 +198,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     for ax, (name, slo_key, p50, p99) in zip(axes, PANELS):
         values: list[float] = []
         pending: list[tuple[float, float, str, str]] = []
-        for s, label, color in zip(series, labels, colors):
+        for s, label, line_style in zip(series, labels, styles):
+            color = line_style.color
             rows = _in_load_order(s.rows, keys)
             x = _column(rows, "output_throughput")
             for column, style, face in ((p50, "-", color), (p99, "--", "white")):
@@ -214,7 +211,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
                     yerr=_errors(rows, column),
                     color=color,
                     linestyle=style,
-                    marker="o",
+                    marker=line_style.marker,
                     markersize=4,
                     markerfacecolor=face,
                     linewidth=1.6 if style == "-" else 1.3,
@@ -249,8 +246,18 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         ax.set_title(f"{name}: p50 (median) and p99", fontsize="medium")
         ax.grid(True, which="major", alpha=0.3)
 
+    shared = any(st.variant for st in styles)  # a policy's lines differ by marker: show it
     handles: list[Any] = [
-        Line2D([], [], color=c, linewidth=1.6, label=lb) for lb, c in zip(labels, colors)
+        Line2D(
+            [],
+            [],
+            color=st.color,
+            marker=st.marker if shared else None,
+            markersize=4,
+            linewidth=1.6,
+            label=lb,
+        )
+        for lb, st in zip(labels, styles)
     ]
     handles += [
         Line2D([], [], color="0.2", marker="o", markersize=4, label="p50 (median)"),
@@ -273,7 +280,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     fig.legend(
         handles=handles,
         loc="outside lower center",
-        ncols=min(len(handles), 4),
+        ncols=legend_columns([str(h.get_label()) for h in handles], fig.get_figwidth(), 4),
         fontsize="small",
         frameon=False,
     )

@@ -12,6 +12,7 @@ import contextlib
 import os
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,23 +82,58 @@ def color_for(label: str, index: int) -> str:
     return palette[index % len(palette)]
 
 
-def series_colors(labels: list[str], policies: Mapping[str, str] | None = None) -> list[str]:
-    """Colours of several series: a series whose policy is known gets that policy's colour
-    when no other series has the same policy; the rest take palette colours in order."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+"""Markers that tell apart series of one colour (several configurations of one policy)."""
+DASHES: tuple[Any, ...] = (
+    "-",
+    "--",
+    ":",
+    "-.",
+    (0, (5, 1, 1, 1, 1, 1)),
+    (0, (8, 2)),
+    (0, (1, 3)),
+    (0, (3, 2, 1, 2)),
+)
+"""Line styles that tell apart series of one colour where a figure has no markers."""
+
+
+@dataclass(frozen=True)
+class SeriesStyle:
+    """How one series of a figure is drawn."""
+
+    color: str
+    variant: int = 0
+    """0 for the first series of its colour, 1, 2, ... for the others of that colour."""
+
+    @property
+    def marker(self) -> str:
+        return MARKERS[self.variant % len(MARKERS)]
+
+    @property
+    def dashes(self) -> Any:
+        return DASHES[self.variant % len(DASHES)]
+
+
+def series_styles(
+    labels: list[str], policies: Mapping[str, str] | None = None
+) -> list[SeriesStyle]:
+    """Styles of several series: a series whose policy is a built-in one takes that policy's
+    colour, so a policy has one colour in every figure; series sharing a policy are told
+    apart by their variant (a marker, or a line style). Other series take the palette's
+    remaining colours in order (never a policy's colour), variant 0."""
     policies = policies or {}
-    counts: dict[str, int] = {}
+    styles: list[SeriesStyle] = []
+    seen: dict[str, int] = {}
+    spare = 0
     for label in labels:
         policy = policies.get(label, label)
-        counts[policy] = counts.get(policy, 0) + 1
-    colors, spare = [], 0
-    for label in labels:
-        policy = policies.get(label, label)
-        if policy in POLICY_COLORS and counts[policy] == 1:
-            colors.append(POLICY_COLORS[policy])
+        if policy in POLICY_COLORS:
+            styles.append(SeriesStyle(POLICY_COLORS[policy], seen.get(policy, 0)))
+            seen[policy] = seen.get(policy, 0) + 1
         else:
-            colors.append(color_for(f"#{spare}", spare))
+            styles.append(SeriesStyle(color_for(f"#{spare}", spare)))
             spare += 1
-    return colors
+    return styles
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, Any]:
@@ -261,6 +297,20 @@ def metric_label(metric: str) -> str:
     stat, _, what = (metric[:-3] if ms else metric).partition("_")
     words = _METRIC_WORDS.get(what, what.replace("_", " "))
     return f"{stat} {words}".strip() + (" (ms)" if ms else "")
+
+
+def legend_columns(labels: Sequence[str], width_in: float, max_columns: int = 3) -> int:
+    """The most columns (up to ``max_columns``) in which a legend of ``labels`` at the
+    "small" font fits ``width_in`` inches, each column as wide as the longest label."""
+    from matplotlib.font_manager import FontProperties
+
+    if not labels:
+        return 1
+    em = FontProperties(size="small").get_size_in_points() / 72
+    longest = max(len(line) for label in labels for line in str(label).splitlines())
+    # handle (2 em), its pad (0.8 em), the label, and the spacing to the next column (2 em)
+    column = (2.0 + 0.8 + 2.0) * em + longest * 0.62 * em
+    return max(1, min(max_columns, len(labels), int(width_in // column)))
 
 
 def finish(ax: Axes, *, legend: bool = True, **legend_kwargs: Any) -> None:

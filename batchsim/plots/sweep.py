@@ -2,7 +2,8 @@
 
 The x axis is the sweep's numeric varied key with the most values (the first on ties; log2
 when its values are powers of two, log when they span more than two decades); every other
-varied key makes one line per combination of its values. One panel per metric (at most four;
+varied key makes one line per combination of its values, in its policy's colour (lines of
+one policy differ by marker and line style). One panel per metric (at most four;
 default: output throughput and p99 TTFT), sharing the x axis. With several seeds, each point
 is the mean over the seeds with its 95 % confidence interval as an error bar
 (``sweep_stats.csv``).
@@ -17,7 +18,7 @@ import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study, ok_rows
-from batchsim.plots.style import describe_run, finish, new_figure, series_colors
+from batchsim.plots.style import describe_study, finish, new_figure, series_styles
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -111,32 +112,41 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             f"draws at most {MAX_LINES} lines"
         )
     labels = [label for label, _ in groups]
-    policies = {label: str(rows["scheduler.policy"].iloc[0]) for label, rows in groups
-                if "scheduler.policy" in rows}  # fmt: skip
-    colors = series_colors(labels, policies)
+    policy = str((study.base_config.get("scheduler") or {}).get("policy", ""))
+    policies = {
+        label: str(rows["scheduler.policy"].iloc[0]) if "scheduler.policy" in rows else policy
+        for label, rows in groups
+    }
+    styles = series_styles(labels, policies)
     fig, axes = new_figure(
         len(metrics), 1, sharex=True, squeeze=False, figsize=(8.0, 1.2 + 2.4 * len(metrics))
     )
     for ax, metric in zip(axes[:, 0], metrics):
-        for (label, rows), color in zip(groups, colors):
+        for (label, rows), style in zip(groups, styles):
             rows = rows.sort_values(x_key)
             x = rows[x_key].to_numpy(dtype=float)
             y = rows[metric].to_numpy(dtype=float)
             ci = f"{metric}_ci95"
             if ci in rows:
                 ax.errorbar(
-                    x, y, yerr=rows[ci].to_numpy(dtype=float), color=color, marker="o",
-                    markersize=4, capsize=3, label=label or None,
+                    x, y, yerr=rows[ci].to_numpy(dtype=float), color=style.color,
+                    marker=style.marker, linestyle=style.dashes, markersize=4, capsize=3,
+                    label=label or None,
                 )  # fmt: skip
             else:
-                ax.plot(x, y, color=color, marker="o", markersize=4, label=label or None)
+                ax.plot(
+                    x, y, color=style.color, marker=style.marker, linestyle=style.dashes,
+                    markersize=4, label=label or None,
+                )  # fmt: skip
         ax.set_ylabel(metric_label(metric))
         _scale_y(ax, ok[metric].to_numpy(dtype=float))
         finish(ax, legend=ax is axes[0, 0] and any(labels))
     bottom = axes[-1, 0]
     _scale_x(bottom, ok[x_key].to_numpy(dtype=float))
     bottom.set_xlabel(_key_label(x_key))
-    fig.suptitle(f"{describe_run(study.base_config)}\nswept: {', '.join(study.varied)}")
+    fig.suptitle(
+        f"{describe_study(study.base_config, study.varied)}\nswept: {', '.join(study.varied)}"
+    )
     return fig
 
 
@@ -157,7 +167,10 @@ def _scale_x(ax: Any, values: np.ndarray) -> None:
     if len(positive) == len(values) and len(values) > 2:
         exponents = np.log2(positive)
         if np.allclose(exponents, np.round(exponents)) and positive.max() / positive.min() >= 8:
+            from matplotlib.ticker import FuncFormatter
+
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             return
         if positive.max() / positive.min() > 100:
             ax.set_xscale("log")

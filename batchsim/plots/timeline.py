@@ -3,7 +3,8 @@
 Rows are batch slots, time runs to the right, and each slot is coloured by what it did in
 each iteration (``slots.csv``): prefill, chunked prefill, decode, stalled (running but not
 scheduled: a decode waiting out a prefill-only iteration), padding or empty (the slot of a
-request that finished while its static batch runs on), and idle (white: no iteration runs).
+request that finished while its static batch runs on), and idle (white: no request in the
+slot, whether or not an iteration runs: a continuous batch narrower than its widest).
 Static batching's empty slots next to continuous batching's refilling, or decodes stalled
 under prefills, are this picture. Several runs are drawn one above the other on one time
 axis. Runs need ``metrics.record_slots: true``.
@@ -33,6 +34,7 @@ STATE_LABELS = {
     "padding": "padding (finished row computed)",
     "empty": "empty slot",
 }
+IDLE_LABEL = "idle (no request in the slot)"
 
 
 def applies(source: Run | Study) -> bool:
@@ -72,6 +74,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
+
+    from batchsim.plots import PlotOptions
 
     runs = []
     for source in sources:
@@ -124,8 +128,11 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         ax.set_facecolor(STATE_COLORS["idle"])
         ax.grid(False)
     if not any_drawn:
+        lo, hi = _x_range(runs, PlotOptions())
         raise ConfigError(
-            f"no iteration runs between --from {options.start} and --to {options.end} s"
+            f"{', '.join(str(r.path) for r in runs)}: no iteration between --from "
+            f"{options.start or 0:g} s and --to {_seconds(options.end)} (its iterations run "
+            f"from {lo:g} s to {hi:g} s)"
         )
     lo, hi = _x_range(runs, options)
     axes[-1, 0].set_xlim(lo, hi)
@@ -133,13 +140,17 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     handles = [
         Patch(facecolor=STATE_COLORS[s], label=STATE_LABELS[s]) for s in STATE_LABELS if s in seen
     ]
-    handles.append(Patch(facecolor=STATE_COLORS["idle"], edgecolor="#999999", label="idle"))
+    handles.append(Patch(facecolor=STATE_COLORS["idle"], edgecolor="#999999", label=IDLE_LABEL))
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize="small")
     if len(runs) == 1:
         fig.suptitle("Batch slots over time")
     else:
         fig.suptitle("Batch slots over time: " + " vs ".join(r.policy for r in runs))
     return fig
+
+
+def _seconds(value: float | None) -> str:
+    return "the end" if value is None else f"{value:g} s"
 
 
 def _num_slots(run: Run) -> int:
