@@ -6,6 +6,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 import batchsim
 from conftest import tiny_experiment
 
@@ -63,17 +65,25 @@ def test_readme_user_router_runs(tmp_path, monkeypatch):
     assert result.replicas["num_requests"].tolist() == [0, 60]
 
 
-def test_readme_python_api_example_runs(monkeypatch):
-    monkeypatch.chdir(README.parent)
+def _in_a_scratch_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run README code from an empty folder that sees the repository's experiments/ (what
+    the code writes goes there, not into the repository)."""
+    (tmp_path / "experiments").symlink_to(README.parent / "experiments")
+    monkeypatch.chdir(tmp_path)
+
+
+def test_readme_python_api_example_runs(tmp_path, monkeypatch):
+    _in_a_scratch_folder(tmp_path, monkeypatch)
     code = _code_block_after("## Python API", "python")
-    code = code.replace('result.write("runs/q64")', "")
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["result"].summary["completed"] > 0
+    assert (tmp_path / "runs" / "q64" / "summary.json").is_file()
+    assert (tmp_path / "runs" / "q-parquet" / "requests.parquet").is_file()
 
 
-def test_readme_sweep_and_capacity_api_example_runs(monkeypatch):
-    monkeypatch.chdir(README.parent)
+def test_readme_sweep_and_capacity_api_example_runs(tmp_path, monkeypatch):
+    _in_a_scratch_folder(tmp_path, monkeypatch)
     text = README.read_text(encoding="utf-8").split("## Python API", 1)[1]
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     code = next(b for b in blocks if "batchsim.sweep(" in b)
