@@ -7,6 +7,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import signal
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import yaml
 import batchsim
 from batchsim import cli
 from batchsim.errors import ConfigError
+from batchsim.studies import backends
 from batchsim.studies import runner as runner_module
 from batchsim.studies.backends import InlineExecutor, local_pool, run_point
 from batchsim.studies.grid import parse_grid_item, parse_values
@@ -496,6 +500,33 @@ def test_local_pool_threads_and_inline_give_identical_rows():
     pd.testing.assert_frame_equal(inline, threaded)
     pd.testing.assert_frame_equal(inline, pooled)
     assert (inline["error"] == "").all()
+
+
+def _wait_in_worker(flag: str) -> None:
+    Path(flag).write_text("running", encoding="utf-8")
+    time.sleep(120)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked workers on Linux only")
+def test_stopping_the_pool_ends_its_workers_even_under_the_clis_sigterm_handler(tmp_path):
+    # batchsim's CLI turns SIGTERM into an exception for its clean-up; forked workers inherit
+    # the handler, and the pool would catch that exception and keep a terminated worker alive
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        pool = local_pool(2)
+        flags = [tmp_path / f"running{i}" for i in range(2)]
+        for flag in flags:
+            pool.submit(_wait_in_worker, str(flag))
+        while not all(flag.exists() for flag in flags):  # both tasks are running
+            time.sleep(0.01)
+        processes = list(pool._processes.values())  # type: ignore[attr-defined]
+        backends.stop_now(pool)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [p.exitcode for p in processes] == [-signal.SIGTERM] * 2
 
 
 def test_run_point_takes_and_returns_plain_data():

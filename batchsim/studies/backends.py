@@ -92,9 +92,13 @@ class InlineExecutor(Executor):
         return future
 
 
-def _ignore_sigint() -> None:
+def _worker_signals() -> None:
     # Ctrl-C reaches the whole process group; the driver stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the driver's SIGTERM handler (batchsim's CLI raises an
+    # exception from it for its clean-up); the pool would catch that exception and keep the
+    # worker alive, so the driver's terminate() after Ctrl-C must end it instead.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def default_workers() -> int:
@@ -120,7 +124,7 @@ def local_pool(workers: int) -> Executor:
 
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_sigint)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_signals)
 
 
 def stop_now(executor: Executor) -> None:
