@@ -422,6 +422,36 @@ def test_every_point_invalid_is_an_error_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+def test_every_point_failing_while_simulating_is_an_error_naming_its_grid_value(tmp_path, capsys):
+    # unknown hardware names load (a name is only looked up when the run is built): the
+    # points fail in the workers, each error names its --grid value, and a sweep none of
+    # whose points ran is an error
+    exp = write_exp(tmp_path / "e.yaml", small())
+    out = tmp_path / "s"
+    argv = ["sweep", str(exp), "-o", str(out), "--workers", "1", "-q"]
+    assert cli.main([*argv, "--grid", "hardware=no-such-gpu,a100-80gb"]) == 0
+    capsys.readouterr()
+    table = pd.read_csv(out / "sweep.csv", keep_default_na=False)
+    assert (
+        table["error"]
+        .iloc[0]
+        .startswith(
+            "--grid hardware=no-such-gpu: hardware: unknown name 'no-such-gpu'; built-in names: "
+        )
+    )
+    assert table["error"].iloc[1] == ""
+    again = tmp_path / "t"
+    argv[3] = str(again)
+    assert cli.main([*argv, "--grid", "hardware=no-such-gpu,nor-this-one"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(
+        f"batchsim: error: every point failed (see {again}/sweep.csv); the first: "
+        "--grid hardware=no-such-gpu: hardware: unknown name 'no-such-gpu'; built-in names: "
+    )
+    assert len(pd.read_csv(again / "sweep.csv")) == 2
+
+
 def test_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
     exp = write_exp(tmp_path / "e.yaml", small())
     target = tmp_path / "mine"

@@ -144,11 +144,11 @@ class Runner:
                 for future in sorted(done, key=lambda f: self._pending[f][0].label):
                     point, callback = self._pending.pop(future)
                     reply = future.result()
+                    error, internal = reply["error"], bool(reply["internal"])
+                    if error and not internal:
+                        error = _name_value(error, point)
                     outcome = Outcome(
-                        reply["summary"],
-                        reply["error"],
-                        float(reply["wall_time_s"]),
-                        internal=bool(reply["internal"]),
+                        reply["summary"], error, float(reply["wall_time_s"]), internal=internal
                     )
                     self._finish(point, outcome, callback)
         finally:
@@ -166,6 +166,16 @@ def _window(executor: Executor) -> int:
         return 1
     workers = getattr(executor, "_max_workers", None) or getattr(executor, "num_cpus", None)
     return 2 * int(workers) if workers else 256
+
+
+def _name_value(error: str, point: Point) -> str:
+    """A point's error found while simulating (an unknown hardware name, a model that does not
+    fit) names the varied value it is about, as errors found while loading do
+    (``--grid hardware=h100: hardware: unknown name ...``)."""
+    from batchsim.config import name_override
+    from batchsim.errors import ConfigError
+
+    return str(name_override(ConfigError(error), point.values, "--grid"))
 
 
 def _values_record(point: Point) -> dict[str, Any]:
