@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import signal
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -581,6 +582,28 @@ def test_ray_backend_gives_the_same_rows(tmp_path):
     ray = comparable(pd.read_csv(tmp_path / "ray/sweep.csv"))
     pd.testing.assert_frame_equal(local, ray)
     assert len(ray) == 4 and ray["error"].isna().all()
+
+
+@pytest.mark.timeout(60)  # ray.init retries an address nothing listens on for many minutes
+def test_a_ray_address_nothing_listens_on_is_a_one_line_error(tmp_path, capsys):
+    pytest.importorskip("ray")
+    with socket.socket() as probe:  # a port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exp = write_exp(tmp_path / "e.yaml", small())
+    out = tmp_path / "s"
+    argv = ["sweep", str(exp), "-o", str(out), "-q", "--backend", "ray"]
+    assert cli.main([*argv, "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(
+        f"batchsim: error: --address 127.0.0.1:{port}: no Ray cluster answers there ("
+    )
+    assert not out.exists()
+    # an address that accepts connections passes the check (Ray then talks to it)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        backends.check_reachable(f"ray://127.0.0.1:{server.getsockname()[1]}")
+    backends.check_reachable("auto")  # left to Ray
 
 
 def test_ray_needs_ray_options_to_make_sense(tmp_path, capsys):

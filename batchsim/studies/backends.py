@@ -167,6 +167,7 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             options: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR"}
             if address:
+                check_reachable(address)
                 options["address"] = address
             else:
                 options.update(num_cpus=num_cpus, include_dashboard=False)
@@ -195,6 +196,37 @@ class RayExecutor(Executor):
         if self._started:
             self._ray.shutdown()
             self._started = False
+
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long ``--address HOST:PORT`` may take to accept a connection."""
+
+
+def check_reachable(address: str) -> None:
+    """Refuse a Ray ``HOST:PORT`` (or ``ray://HOST:PORT``) address nothing listens on.
+
+    ``ray.init`` retries an unreachable address for many minutes, logging as it goes; one
+    TCP connection tells at once. Other forms (``auto``, ``local``) are left to Ray.
+
+    Raises:
+        ConfigError: Nothing accepts a connection at the address.
+    """
+    import socket
+
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, OverflowError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(
+            f"--address {address}: no Ray cluster answers there ({reason or 'timed out'}); "
+            "start one with ray start --head, or give --address auto or ray://HOST:10001"
+        ) from None
 
 
 @contextlib.contextmanager
