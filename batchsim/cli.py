@@ -461,6 +461,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     table = result.stats if result.stats is not None else result.table
     varied = [k for k in plan.varied if k != "seed" or result.stats is None]
     metrics = [m for m in KEY_METRICS if m in table.columns]
+    caching = any(
+        p.config is not None and p.config.engine.enable_prefix_caching for p in result.points
+    )
+    rates = result.table.get("prefix_cache_hit_rate")
+    if not caching and (rates is None or not (rates > 0).any()):
+        metrics = [m for m in metrics if m != "prefix_cache_hit_rate"]  # 0 without a cache
     if result.stats is not None:
         for m in metrics:
             table = table.assign(

@@ -283,6 +283,7 @@ def test_cli_sweep_writes_point_folders_and_tables(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "max_num_seqs=4" in captured.err  # plain progress lines off a terminal
     assert "scheduler.max_num_seqs" in captured.out and "output_throughput" in captured.out
+    assert "prefix_cache_hit_rate" not in captured.out  # 0 at every point: no prefix cache
     table = pd.read_csv(out / "sweep.csv", keep_default_na=False)
     parquet = pd.read_parquet(out / "sweep.parquet")
     assert list(parquet.columns) == list(table.columns)
@@ -301,6 +302,14 @@ def test_cli_sweep_writes_point_folders_and_tables(tmp_path, capsys):
         assert again["output_throughput"] == summary["output_throughput"]
     marker = json.loads((out / "sweep.json").read_text())
     assert marker["kind"] == "sweep" and marker["varied_keys"] == ["scheduler.max_num_seqs"]
+
+
+def test_the_printed_table_shows_the_prefix_cache_hit_rate_where_a_cache_is_on(tmp_path, capsys):
+    exp = write_exp(tmp_path / "e.yaml", small())
+    argv = ["sweep", str(exp), "-o", str(tmp_path / "s"), "--workers", "1"]
+    assert cli.main([*argv, "--grid", "engine.enable_prefix_caching=false,true"]) == 0
+    header = capsys.readouterr().out.splitlines()[1].split()
+    assert header[0] == "engine.enable_prefix_caching" and "prefix_cache_hit_rate" in header
 
 
 def test_summary_only_writes_no_per_iteration_files(tmp_path):
