@@ -451,9 +451,22 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             write_csv=not args.summary_only,
             progress=_progress_mode(args),
         )
+    if result.num_failed == len(result.points) and not result.num_internal:
+        first = result.outcomes[0].error
+        raise ConfigError(
+            first
+            if len(result.points) == 1
+            else f"every point failed (see {out_dir}/sweep.csv); the first: {first}"
+        )
     table = result.stats if result.stats is not None else result.table
     varied = [k for k in plan.varied if k != "seed" or result.stats is None]
     metrics = [m for m in KEY_METRICS if m in table.columns]
+    caching = any(
+        p.config is not None and p.config.engine.enable_prefix_caching for p in result.points
+    )
+    rates = result.table.get("prefix_cache_hit_rate")
+    if not caching and (rates is None or not (rates > 0).any()):
+        metrics = [m for m in metrics if m != "prefix_cache_hit_rate"]  # 0 without a cache
     if result.stats is not None:
         for m in metrics:
             table = table.assign(
@@ -498,6 +511,14 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     check_study_dir(out_dir, "capacity")
     with open_executor(args.backend, args.workers, args.address) as executor:
         table = run_capacity(cplan, executor, out_dir=out_dir, progress=_progress_mode(args))
+    internal = table.attrs.get("num_internal", 0)
+    if len(table) and (table["error"] != "").all() and not internal:
+        first = table["error"].iloc[0]
+        raise ConfigError(
+            first
+            if len(table) == 1
+            else f"every configuration failed (see {out_dir}/capacity.csv); the first: {first}"
+        )
     shown = [
         m
         for m in (
@@ -522,7 +543,13 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
         for line in _table_text(table, [*cplan.plan.varied, *shown]):
             print(f"  {line}")
         print(f"  wrote {out_dir}/{{capacity.csv,capacity.parquet}} and points/")
-    return 0
+    if internal:
+        print(
+            f"batchsim: {internal} simulated rates stopped with an internal error (a bug; see "
+            f"the error and limited_by columns of {out_dir}/capacity.csv)",
+            file=sys.stderr,
+        )
+    return 1 if internal else 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:

@@ -187,6 +187,28 @@ def test_bad_capacity_input_is_one_line_exit_2(tmp_path, capsys, extra, words):
     assert not out.exists()
 
 
+def test_every_configuration_failing_is_an_error_and_a_bug_exits_1(tmp_path, capsys, monkeypatch):
+    exp = write_exp(tmp_path / "e.yaml", policies_experiment())
+    argv = ["capacity", str(exp), "--workers", "1", "-q", "--slo", "p99_ttft_ms=1500"]
+    grid = ["--grid", "hardware=no-such-gpu,nor-this-one"]
+    assert cli.main([*argv, "-o", str(tmp_path / "a"), *grid]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(
+        f"batchsim: error: every configuration failed (see {tmp_path / 'a'}/capacity.csv); "
+        "the first: --grid hardware=no-such-gpu: hardware: unknown name 'no-such-gpu'"
+    )
+    import batchsim.simulation as simulation
+
+    def broken(config, base_dir=None):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(simulation, "simulate", broken)
+    assert cli.main([*argv, "-o", str(tmp_path / "b")]) == 1
+    assert "internal error" in capsys.readouterr().err
+    table = pd.read_csv(tmp_path / "b/capacity.csv", keep_default_na=False)
+    assert table["error"].iloc[0].startswith("internal error (RuntimeError at ")
+
+
 def test_capacity_and_sweep_folders_are_not_mixed(tmp_path, capsys):
     exp = write_exp(tmp_path / "e.yaml", policies_experiment())
     out = tmp_path / "study"

@@ -7,6 +7,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import signal
+import socket
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,7 @@ import yaml
 import batchsim
 from batchsim import cli
 from batchsim.errors import ConfigError
+from batchsim.studies import backends
 from batchsim.studies import runner as runner_module
 from batchsim.studies.backends import InlineExecutor, local_pool, run_point
 from batchsim.studies.grid import parse_grid_item, parse_values
@@ -278,6 +284,7 @@ def test_cli_sweep_writes_point_folders_and_tables(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "max_num_seqs=4" in captured.err  # plain progress lines off a terminal
     assert "scheduler.max_num_seqs" in captured.out and "output_throughput" in captured.out
+    assert "prefix_cache_hit_rate" not in captured.out  # 0 at every point: no prefix cache
     table = pd.read_csv(out / "sweep.csv", keep_default_na=False)
     parquet = pd.read_parquet(out / "sweep.parquet")
     assert list(parquet.columns) == list(table.columns)
@@ -296,6 +303,14 @@ def test_cli_sweep_writes_point_folders_and_tables(tmp_path, capsys):
         assert again["output_throughput"] == summary["output_throughput"]
     marker = json.loads((out / "sweep.json").read_text())
     assert marker["kind"] == "sweep" and marker["varied_keys"] == ["scheduler.max_num_seqs"]
+
+
+def test_the_printed_table_shows_the_prefix_cache_hit_rate_where_a_cache_is_on(tmp_path, capsys):
+    exp = write_exp(tmp_path / "e.yaml", small())
+    argv = ["sweep", str(exp), "-o", str(tmp_path / "s"), "--workers", "1"]
+    assert cli.main([*argv, "--grid", "engine.enable_prefix_caching=false,true"]) == 0
+    header = capsys.readouterr().out.splitlines()[1].split()
+    assert header[0] == "engine.enable_prefix_caching" and "prefix_cache_hit_rate" in header
 
 
 def test_summary_only_writes_no_per_iteration_files(tmp_path):
@@ -418,6 +433,36 @@ def test_every_point_invalid_is_an_error_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+def test_every_point_failing_while_simulating_is_an_error_naming_its_grid_value(tmp_path, capsys):
+    # unknown hardware names load (a name is only looked up when the run is built): the
+    # points fail in the workers, each error names its --grid value, and a sweep none of
+    # whose points ran is an error
+    exp = write_exp(tmp_path / "e.yaml", small())
+    out = tmp_path / "s"
+    argv = ["sweep", str(exp), "-o", str(out), "--workers", "1", "-q"]
+    assert cli.main([*argv, "--grid", "hardware=no-such-gpu,a100-80gb"]) == 0
+    capsys.readouterr()
+    table = pd.read_csv(out / "sweep.csv", keep_default_na=False)
+    assert (
+        table["error"]
+        .iloc[0]
+        .startswith(
+            "--grid hardware=no-such-gpu: hardware: unknown name 'no-such-gpu'; built-in names: "
+        )
+    )
+    assert table["error"].iloc[1] == ""
+    again = tmp_path / "t"
+    argv[3] = str(again)
+    assert cli.main([*argv, "--grid", "hardware=no-such-gpu,nor-this-one"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(
+        f"batchsim: error: every point failed (see {again}/sweep.csv); the first: "
+        "--grid hardware=no-such-gpu: hardware: unknown name 'no-such-gpu'; built-in names: "
+    )
+    assert len(pd.read_csv(again / "sweep.csv")) == 2
+
+
 def test_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
     exp = write_exp(tmp_path / "e.yaml", small())
     target = tmp_path / "mine"
@@ -426,6 +471,31 @@ def test_a_folder_that_is_not_a_sweep_is_refused(tmp_path, capsys):
     assert cli.main(["sweep", str(exp), "-o", str(target), "--workers", "1"]) == 2
     assert "holds no batchsim study" in capsys.readouterr().err
     assert sorted(p.name for p in target.iterdir()) == ["notes.txt"]
+
+
+def _die_at_cap_8(task: dict[str, Any]) -> dict[str, Any]:
+    if task["config"]["scheduler"]["max_num_seqs"] == 8:
+        os._exit(1)  # as the kernel's out-of-memory killer ends a worker
+    return run_point(task)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked workers on Linux only")
+def test_a_worker_that_dies_is_a_one_line_error_and_the_sweep_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    exp = write_exp(tmp_path / "e.yaml", small())
+    out = tmp_path / "s"
+    argv = ["sweep", str(exp), "-o", str(out), "--workers", "2", "-q"]
+    argv += ["--grid", "scheduler.max_num_seqs=8,4"]
+    monkeypatch.setattr(runner_module, "run_point", _die_at_cap_8)  # forked workers see it
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("batchsim: error: a worker process stopped abruptly (BrokenProcessPool")
+    assert not (out / "points/max_num_seqs=8/point.json").exists()
+    monkeypatch.setattr(runner_module, "run_point", run_point)
+    assert cli.main(argv) == 0
+    assert (pd.read_csv(out / "sweep.csv", keep_default_na=False)["error"] == "").all()
 
 
 def test_internal_errors_in_a_point_are_recorded_and_exit_1(tmp_path, monkeypatch, capsys):
@@ -498,6 +568,36 @@ def test_local_pool_threads_and_inline_give_identical_rows():
     assert (inline["error"] == "").all()
 
 
+def _wait_in_worker(flag: str) -> None:
+    Path(flag).write_text("running", encoding="utf-8")
+    try:
+        time.sleep(120)
+    except BaseException:
+        Path(flag).write_text("survived the signal", encoding="utf-8")
+        raise
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked workers on Linux only")
+def test_stopping_the_pool_ends_its_workers_even_under_the_clis_sigterm_handler(tmp_path):
+    # batchsim's CLI turns SIGTERM into an exception for its clean-up; forked workers inherit
+    # the handler, and the pool would catch that exception and keep a terminated worker alive
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        pool = local_pool(2)
+        flags = [tmp_path / f"running{i}" for i in range(2)]
+        for flag in flags:
+            pool.submit(_wait_in_worker, str(flag))
+        while not all(flag.exists() for flag in flags):  # both tasks are running
+            time.sleep(0.01)
+        backends.stop_now(pool)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [flag.read_text(encoding="utf-8") for flag in flags] == ["running"] * 2
+
+
 def test_run_point_takes_and_returns_plain_data():
     config = batchsim.load_experiment(small())
     reply = run_point({"config": config.model_dump()})
@@ -520,6 +620,28 @@ def test_ray_backend_gives_the_same_rows(tmp_path):
     ray = comparable(pd.read_csv(tmp_path / "ray/sweep.csv"))
     pd.testing.assert_frame_equal(local, ray)
     assert len(ray) == 4 and ray["error"].isna().all()
+
+
+@pytest.mark.timeout(60)  # ray.init retries an address nothing listens on for many minutes
+def test_a_ray_address_nothing_listens_on_is_a_one_line_error(tmp_path, capsys):
+    pytest.importorskip("ray")
+    with socket.socket() as probe:  # a port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exp = write_exp(tmp_path / "e.yaml", small())
+    out = tmp_path / "s"
+    argv = ["sweep", str(exp), "-o", str(out), "-q", "--backend", "ray"]
+    assert cli.main([*argv, "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(
+        f"batchsim: error: --address 127.0.0.1:{port}: no Ray cluster answers there ("
+    )
+    assert not out.exists()
+    # an address that accepts connections passes the check (Ray then talks to it)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        backends.check_reachable(f"ray://127.0.0.1:{server.getsockname()[1]}")
+    backends.check_reachable("auto")  # left to Ray
 
 
 def test_ray_needs_ray_options_to_make_sense(tmp_path, capsys):

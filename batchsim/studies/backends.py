@@ -92,9 +92,13 @@ class InlineExecutor(Executor):
         return future
 
 
-def _ignore_sigint() -> None:
+def _worker_signals() -> None:
     # Ctrl-C reaches the whole process group; the driver stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the driver's SIGTERM handler (batchsim's CLI raises an
+    # exception from it for its clean-up); the pool would catch that exception and keep the
+    # worker alive, so the driver's terminate() after Ctrl-C must end it instead.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def default_workers() -> int:
@@ -120,7 +124,7 @@ def local_pool(workers: int) -> Executor:
 
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_sigint)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_signals)
 
 
 def stop_now(executor: Executor) -> None:
@@ -163,6 +167,7 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             options: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR"}
             if address:
+                check_reachable(address)
                 options["address"] = address
             else:
                 options.update(num_cpus=num_cpus, include_dashboard=False)
@@ -191,6 +196,37 @@ class RayExecutor(Executor):
         if self._started:
             self._ray.shutdown()
             self._started = False
+
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long ``--address HOST:PORT`` may take to accept a connection."""
+
+
+def check_reachable(address: str) -> None:
+    """Refuse a Ray ``HOST:PORT`` (or ``ray://HOST:PORT``) address nothing listens on.
+
+    ``ray.init`` retries an unreachable address for many minutes, logging as it goes; one
+    TCP connection tells at once. Other forms (``auto``, ``local``) are left to Ray.
+
+    Raises:
+        ConfigError: Nothing accepts a connection at the address.
+    """
+    import socket
+
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, OverflowError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(
+            f"--address {address}: no Ray cluster answers there ({reason or 'timed out'}); "
+            "start one with ray start --head, or give --address auto or ray://HOST:10001"
+        ) from None
 
 
 @contextlib.contextmanager

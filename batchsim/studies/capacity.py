@@ -380,7 +380,11 @@ def run_capacity(
         labels.add(point.label)
         runner.submit(point, lambda p, o: judged(search, rate, p, o))
 
+    internal = 0
+
     def judged(search: Search, rate: float, point: Point, outcome: Outcome) -> None:
+        nonlocal internal
+        internal += outcome.internal
         if outcome.summary is None:
             if not search.tried:  # the configuration itself is bad
                 search.error, search.done = outcome.error, True
@@ -402,6 +406,7 @@ def run_capacity(
     table = _capacity_table(searches, plan.varied)
     if out_dir is not None:
         write_table(table, out_dir, "capacity")
+    table.attrs["num_internal"] = internal  # simulated rates that stopped on a bug
     return table
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
 from typing import Any, TextIO
 
+from batchsim.errors import ConfigError
 from batchsim.studies.backends import InlineExecutor, run_point
 from batchsim.studies.store import Outcome, Point, PointStore
 
@@ -129,30 +130,45 @@ class Runner:
             self._pending[self.executor.submit(run_point, task)] = (point, callback)
 
     def run_until_done(self) -> None:
-        """Wait for every submitted point, including those submitted by callbacks."""
-        self._fill()  # a local pool forks its workers now, before the progress bar's thread
-        self.progress.start()
+        """Wait for every submitted point, including those submitted by callbacks.
+
+        Raises:
+            ConfigError: A worker process died (killed, out of memory); the points that
+                finished are recorded, so running the study again resumes it.
+        """
         try:
-            while self._ready or self._pending or self._waiting:
-                while self._ready:
-                    point, outcome, callback = self._ready.popleft()
-                    self._finish(point, outcome, callback)
-                self._fill()
-                if not self._pending:
-                    continue
-                done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: self._pending[f][0].label):
-                    point, callback = self._pending.pop(future)
-                    reply = future.result()
-                    outcome = Outcome(
-                        reply["summary"],
-                        reply["error"],
-                        float(reply["wall_time_s"]),
-                        internal=bool(reply["internal"]),
-                    )
-                    self._finish(point, outcome, callback)
-        finally:
-            self.progress.close()
+            self._fill()  # a local pool forks its workers now, before the progress bar's thread
+            self.progress.start()
+            try:
+                self._loop()
+            finally:
+                self.progress.close()
+        except BrokenExecutor as exc:  # run_point never raises: a worker process died
+            raise ConfigError(
+                f"a worker process stopped abruptly ({type(exc).__name__}: killed, or out of "
+                "memory? fewer --workers need less memory); the finished points are kept: "
+                "rerun the same command to resume"
+            ) from None
+
+    def _loop(self) -> None:
+        while self._ready or self._pending or self._waiting:
+            while self._ready:
+                point, outcome, callback = self._ready.popleft()
+                self._finish(point, outcome, callback)
+            self._fill()
+            if not self._pending:
+                continue
+            done, _ = wait(list(self._pending), return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: self._pending[f][0].label):
+                point, callback = self._pending.pop(future)
+                reply = future.result()
+                error, internal = reply["error"], bool(reply["internal"])
+                if error and not internal:
+                    error = _name_value(error, point)
+                outcome = Outcome(
+                    reply["summary"], error, float(reply["wall_time_s"]), internal=internal
+                )
+                self._finish(point, outcome, callback)
 
     def _finish(self, point: Point, outcome: Outcome, callback: Callback) -> None:
         if self.store is not None and not outcome.resumed:
@@ -166,6 +182,16 @@ def _window(executor: Executor) -> int:
         return 1
     workers = getattr(executor, "_max_workers", None) or getattr(executor, "num_cpus", None)
     return 2 * int(workers) if workers else 256
+
+
+def _name_value(error: str, point: Point) -> str:
+    """A point's error found while simulating (an unknown hardware name, a model that does not
+    fit) names the varied value it is about, as errors found while loading do
+    (``--grid hardware=h100: hardware: unknown name ...``)."""
+    from batchsim.config import name_override
+    from batchsim.errors import ConfigError
+
+    return str(name_override(ConfigError(error), point.values, "--grid"))
 
 
 def _values_record(point: Point) -> dict[str, Any]:

@@ -75,7 +75,8 @@ KEY_METRICS = (
     "prefix_cache_hit_rate",
 )
 """The metrics printed in the table on the terminal (the files have all of them); those a
-run does not report (``prefix_cache_hit_rate`` without prefix caching) are left out."""
+run does not report are left out, and so is ``prefix_cache_hit_rate`` (0) when no point
+enables prefix caching."""
 
 
 class SweepBlock(ConfigModel):
