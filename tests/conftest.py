@@ -36,6 +36,26 @@ def unnamed_threads():
     return sum((task / 'comm').read_text() == own for task in tasks)
 """
 
+
+def tint_of(color: str, base: str) -> float | None:
+    """How far ``color`` is ``base`` moved toward white (0 = ``base`` itself), or None when it
+    is not such a tint: each channel c becomes c + (1 - c) t with one t for all channels, up
+    to the rounding of 8-bit hex colours."""
+    from matplotlib.colors import to_rgb
+
+    fractions = []
+    for c, b in zip(to_rgb(color), to_rgb(base)):
+        if b > 0.999:
+            if abs(c - 1.0) > 1 / 255:
+                return None
+            continue
+        fractions.append((c - b) / (1.0 - b))
+    t = sum(fractions) / len(fractions)
+    if any(abs(f - t) > 2 / 255 / 0.3 for f in fractions) or not -1e-9 <= t <= 1.0:
+        return None
+    return t
+
+
 # A falsifying example comes with the @reproduce_failure decorator that replays it exactly.
 settings.register_profile("batchsim", print_blob=True)
 settings.load_profile("batchsim")

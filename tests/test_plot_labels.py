@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from batchsim.plots.data import Series, _compact_labels
 from batchsim.plots.style import catalog_name, describe_run
+from conftest import tint_of
 
 
 def test_catalog_names_keep_their_dots_and_files_lose_their_folders():
@@ -44,10 +46,13 @@ def test_series_styles_give_a_policy_its_colour_and_number_its_lines():
     labels = ["a", "b", "c", "d", "e"]
     policies = {"a": "static", "b": "static", "c": "continuous", "d": "mymod:Mine", "e": "static"}
     styles = series_styles(labels, policies)
-    assert [s.color for s in styles[:3]] == [POLICY_COLORS["static"]] * 2 + [
-        POLICY_COLORS["continuous"]
-    ]
-    assert styles[4].color == POLICY_COLORS["static"]
+    assert styles[0].color == POLICY_COLORS["static"]
+    assert styles[2].color == POLICY_COLORS["continuous"]
+    # static's further lines: its hue, lighter in order, the last 55 % of the way to white
+    tints = [tint_of(styles[i].color, POLICY_COLORS["static"]) for i in (0, 1, 4)]
+    assert tints[0] == 0 and tints[1] == pytest.approx(0.275, abs=0.01)
+    assert tints[2] == pytest.approx(0.55, abs=0.01)
+    assert tint_of(styles[1].color, POLICY_COLORS["continuous"]) is None
     assert [s.variant for s in styles] == [0, 1, 0, 0, 2]
     assert len({styles[i].marker for i in (0, 1, 4)}) == 3
     assert len({str(styles[i].dashes) for i in (0, 1, 4)}) == 3

@@ -12,7 +12,7 @@ from batchsim.errors import ConfigError
 from batchsim.plots import PlotOptions, figure, relevant_kinds
 from batchsim.plots.data import load
 from batchsim.studies.backends import InlineExecutor
-from conftest import tiny_experiment
+from conftest import tint_of, tiny_experiment
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +62,14 @@ def test_cli_writes_png(sweep_dir, tmp_path):
 
 
 def test_lines_of_one_unvaried_policy_take_its_colour_and_differ_by_marker(sweep_dir):
-    """The sweep does not vary the policy (dynamic): both lines are dynamic's colour, told
-    apart by marker and line style."""
+    """The sweep does not vary the policy (dynamic): both lines are dynamic's colour (the
+    second a lighter tint of it), told apart by marker and line style."""
     from batchsim.plots.style import POLICY_COLORS
 
     fig = figure("sweep", [sweep_dir])
     lines = [container.lines[0] for container in fig.axes[0].containers]
-    assert [line.get_color() for line in lines] == [POLICY_COLORS["dynamic"]] * 2
+    tints = [tint_of(line.get_color(), POLICY_COLORS["dynamic"]) for line in lines]
+    assert tints[0] == 0 and tints[1] == pytest.approx(0.275, abs=0.01)  # half of 0.55
     assert len({line.get_marker() for line in lines}) == 2
     assert len({line.get_linestyle() for line in lines}) == 2
     assert "dynamic" in fig._suptitle.get_text()

@@ -1,5 +1,5 @@
 """One look for every figure: a colour-blind-safe palette (Okabe and Ito), the same colour for
-the same policy everywhere, README-width sizes, titles that say what was run, and saving by
+the same policy everywhere (lighter tints of it for a policy's further lines), README-width sizes, titles that say what was run, and saving by
 file extension.
 
 Importing this module selects matplotlib's non-interactive Agg backend: batchsim draws into
@@ -114,22 +114,42 @@ class SeriesStyle:
         return DASHES[self.variant % len(DASHES)]
 
 
+TINT_RANGE = 0.55
+"""How far toward white the last of three or more lines of one policy is tinted (the first
+keeps the policy's colour; the second of two goes half as far): light enough to tell apart,
+dark enough to read on white."""
+
+
+def tint(color: str, fraction: float) -> str:
+    """``color`` moved ``fraction`` (0..1) of the way toward white; its hue stays."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    return to_hex(tuple(c + (1.0 - c) * fraction for c in to_rgb(color)))
+
+
 def series_styles(
     labels: list[str], policies: Mapping[str, str] | None = None
 ) -> list[SeriesStyle]:
     """Styles of several series: a series whose policy is a built-in one takes that policy's
-    colour, so a policy has one colour in every figure; series sharing a policy are told
-    apart by their variant (a marker, or a line style). Other series take the palette's
-    remaining colours in order (never a policy's colour), variant 0."""
+    colour, so a policy has one hue in every figure; series sharing a policy are told apart by
+    their variant (a marker, or a line style) and a tint: the first keeps the policy's colour,
+    the next ones are lighter in order (a sweep's lines go from dark to light as its values
+    do). Other series take the palette's remaining colours in order (never a policy's colour),
+    variant 0."""
     policies = policies or {}
+    named = [policies.get(label, label) for label in labels]
+    counts = {p: named.count(p) for p in set(named) if p in POLICY_COLORS}
     styles: list[SeriesStyle] = []
     seen: dict[str, int] = {}
     spare = 0
-    for label in labels:
-        policy = policies.get(label, label)
+    for policy in named:
         if policy in POLICY_COLORS:
-            styles.append(SeriesStyle(POLICY_COLORS[policy], seen.get(policy, 0)))
-            seen[policy] = seen.get(policy, 0) + 1
+            variant = seen.get(policy, 0)
+            seen[policy] = variant + 1
+            last = counts[policy] - 1
+            shade = TINT_RANGE * min(1.0, last / 2) * variant / last if variant else 0.0
+            color = tint(POLICY_COLORS[policy], shade) if shade else POLICY_COLORS[policy]
+            styles.append(SeriesStyle(color, variant))
         else:
             styles.append(SeriesStyle(color_for(f"#{spare}", spare)))
             spare += 1
