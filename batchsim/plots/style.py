@@ -1,6 +1,6 @@
 """One look for every figure: a colour-blind-safe palette (Okabe and Ito), the same colour for
-the same policy everywhere (lighter tints of it for a policy's further lines), README-width sizes, titles that say what was run, and saving by
-file extension.
+the same policy everywhere (lighter tints of it for a policy's further lines), README-width
+sizes, titles that say what was run, and saving by file extension.
 
 Importing this module selects matplotlib's non-interactive Agg backend: batchsim draws into
 files, never into windows.
@@ -124,7 +124,8 @@ def tint(color: str, fraction: float) -> str:
     """``color`` moved ``fraction`` (0..1) of the way toward white; its hue stays."""
     from matplotlib.colors import to_hex, to_rgb
 
-    return to_hex(tuple(c + (1.0 - c) * fraction for c in to_rgb(color)))
+    r, g, b = (c + (1.0 - c) * fraction for c in to_rgb(color))
+    return to_hex((r, g, b))
 
 
 def series_styles(

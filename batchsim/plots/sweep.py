@@ -183,3 +183,8 @@ def _scale_y(ax: Any, values: np.ndarray) -> None:
         ax.set_yscale("log")
     elif len(values) and values.min() >= 0 and not math.isclose(values.max(), 0):
         ax.set_ylim(bottom=0)
+    if ax.get_yscale() == "linear" and len(values) and np.abs(values).max() >= 1_000:
+        from matplotlib.ticker import FuncFormatter
+
+        # plain numbers with separators (matplotlib would write "1e6" above the axis)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
