@@ -51,7 +51,10 @@ def _fmt(value: Any, unit: str = "") -> str:
     if isinstance(value, float):
         if value != value:
             return "-"
-        text = f"{value:,.2f}" if abs(value) < 1e6 else f"{value:.3g}"
+        if abs(value) < 1e6:
+            text = f"{value:,.2f}"
+        else:  # whole numbers with separators, as the smaller ones (up to a trillion)
+            text = f"{value:,.0f}" if abs(value) < 1e12 else f"{value:.3g}"
         return text + unit
     return f"{value}{unit}"
 

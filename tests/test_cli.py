@@ -935,3 +935,11 @@ def test_summary_config_is_the_written_config_yaml(tmp_path, exp):
     written = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
     assert read_summary(out)["config"] == written
     assert written["engine"]["max_model_len"] is None  # nulls included in both
+
+
+def test_printed_numbers_keep_one_style_from_thousands_to_millions():
+    # a sweep table mixed "585,190.63" with "1.17e+06" in one column
+    assert cli._fmt(585_190.634) == "585,190.63"
+    assert cli._fmt(1_170_043.4, " ms") == "1,170,043 ms"
+    assert cli._fmt(-2.5e13) == "-2.5e+13"
+    assert cli._fmt(float("nan")) == "-"
