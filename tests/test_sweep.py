@@ -609,8 +609,14 @@ def test_run_point_takes_and_returns_plain_data():
 
 
 @pytest.mark.timeout(240)
-def test_ray_backend_gives_the_same_rows(tmp_path):
+@pytest.mark.timeout(120)  # ray.init retries an address nothing listens on for many minutes
+def test_ray_backend_gives_the_same_rows(tmp_path, monkeypatch):
     pytest.importorskip("ray")
+    # without --address a local instance starts, even where the environment names a cluster
+    # (as RAY_ADDRESS, or the file `ray start` leaves) that it would otherwise join
+    with socket.socket() as probe:  # a port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{probe.getsockname()[1]}")
     exp = write_exp(tmp_path / "e.yaml", small())
     argv = ["sweep", str(exp), "--workers", "2", "-q", "--summary-only"]
     argv += ["--grid", "scheduler.policy=static,continuous", "--grid", "scheduler.max_num_seqs=4,8"]

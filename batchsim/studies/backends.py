@@ -169,8 +169,8 @@ class RayExecutor(Executor):
             if address:
                 check_reachable(address)
                 options["address"] = address
-            else:
-                options.update(num_cpus=num_cpus, include_dashboard=False)
+            else:  # a new local instance, even where `ray start` left a cluster running
+                options.update(address="local", num_cpus=num_cpus, include_dashboard=False)
             try:
                 ray.init(**options)
             except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError...
