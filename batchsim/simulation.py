@@ -724,6 +724,7 @@ def simulate(
     summary["config"] = config.model_dump(mode="json")  # as config.yaml: every key
     del scheduler
     notes = unused_key_notes(config, policy_cls) + trace_notes(config.workload, base_dir)
+    notes += hybrid_window_notes(setup.model, requests)
     del request_log  # its token runs: only the summary needs them
     slots = slot_log.to_columns() if slot_log is not None else None
     warnings: list[str] = []
@@ -771,6 +772,28 @@ def _request_rate(config: ExperimentConfig) -> float:
     if workload.arrival is None or workload.conversation is not None:
         return math.nan
     return workload.arrival.mean_rate()
+
+
+def hybrid_window_notes(model: ModelSpec, requests: Columns) -> list[str]:
+    """A note when a model that interleaves sliding-window and full-attention layers (Gemma
+    2/3, gpt-oss) served a request longer than its window: batchsim charges those layers as
+    full attention, so the run's KV-cache use and attention time are upper bounds."""
+    window = model.hybrid_sliding_window
+    if not model.is_hybrid_attention or window is None:
+        return []
+    ran = np.isfinite(requests["first_scheduled_time_s"])
+    if not ran.any():
+        return []
+    contexts = requests["prompt_tokens"][ran].astype(np.int64) + requests["output_tokens"][ran]
+    longest = int(contexts.max())
+    if longest <= window:
+        return []
+    return [
+        f"model {model.name}: {model.num_sliding_layers} of its {model.num_hidden_layers} "
+        f"layers attend over a {window:,}-token sliding window and are simulated as full "
+        f"attention; requests reached {longest:,} tokens, so KV-cache use and attention time "
+        "are upper bounds past the window"
+    ]
 
 
 def unused_key_notes(config: ExperimentConfig, policy_cls: type[Scheduler]) -> list[str]:
@@ -825,6 +848,7 @@ def _simulate_cluster(
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")
     notes = run.notes + trace_notes(config.workload, base_dir)
+    notes += hybrid_window_notes(load_model(config.model), requests)
     return Result(summary, config, requests, run.iterations, notes, replica_columns=replicas)
 
 

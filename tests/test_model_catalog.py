@@ -494,3 +494,46 @@ def test_model_table_rows_of_new_models() -> None:
     assert rows["gpt-oss-20b"]["experts"] == "4/32"
     assert rows["deepseek-v2-lite"]["attention"] == "MLA"
     assert rows["phi-3-mini-4k"]["sliding_window"] == 2047
+
+
+def _long_run(model: str, prompt_max: int, **top: Any) -> simulation.Result:
+    data = {
+        "name": "window",
+        "seed": 0,
+        "hardware": "h100-sxm",
+        "model": model,
+        "scheduler": {"policy": "continuous", "max_num_seqs": 8},
+        "workload": {
+            "num_requests": 6,
+            "arrival": {"process": "poisson", "rate": 2.0},
+            "prompt_tokens": {"dist": "uniform", "min": prompt_max - 200, "max": prompt_max},
+            "output_tokens": {"dist": "fixed", "value": 16},
+        },
+        **top,
+    }
+    return simulation.simulate(validate_experiment(data))
+
+
+def test_a_run_past_a_hybrid_models_window_says_it_is_an_upper_bound() -> None:
+    # Gemma 2 9B: 42 layers, every other one with a 4096-token window (its config.json)
+    result = _long_run("gemma-2-9b", 5000)
+    longest = int((result.requests["prompt_tokens"] + result.requests["output_tokens"]).max())
+    assert 4096 < longest <= 5016
+    [note] = [n for n in result.notes if "sliding window" in n]
+    assert note.startswith("model gemma-2-9b: 21 of its 42 layers attend over a 4,096-token")
+    assert f"requests reached {longest:,} tokens" in note
+    # the same on a cluster of replicas
+    cluster = _long_run("gemma-2-9b", 5000, cluster={"replicas": 2})
+    assert any("upper bounds past the window" in n for n in cluster.notes)
+
+
+@pytest.mark.parametrize(
+    ("model", "prompt_max"),
+    [
+        ("gemma-2-9b", 4000),  # within the window: exact
+        ("llama-3-8b", 5000),  # no window
+        ("mistral-7b", 5000),  # a window on every layer: simulated exactly
+    ],
+)
+def test_no_window_note_where_the_run_is_exact(model: str, prompt_max: int) -> None:
+    assert not [n for n in _long_run(model, prompt_max).notes if "sliding window" in n]
