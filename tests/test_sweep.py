@@ -373,6 +373,30 @@ def test_rerun_skips_finished_points_and_reruns_changed_ones(tmp_path):
     assert count_runs(lambda: cli.main([*base, *grid, *caps, "--set", "engine.block_size=32"])) == 4
 
 
+def test_an_edited_builtin_profile_reruns_the_points_that_use_it(tmp_path, monkeypatch):
+    """A catalog entry named by the config (not by path) is a file the point reads too."""
+    import shutil
+
+    import batchsim.catalog as catalog
+
+    builtin = catalog.catalog_dir
+    profiles = tmp_path / "hardware_profiles"
+    shutil.copytree(builtin("hardware_profiles"), profiles)
+    monkeypatch.setattr(
+        catalog,
+        "catalog_dir",
+        lambda kind: profiles if kind == "hardware_profiles" else builtin(kind),
+    )
+    path = write_exp(tmp_path / "e.yaml", small())
+    base = ["sweep", str(path), "-o", str(tmp_path / "s"), "--workers", "1", "-q"]
+    grid = ["--grid", "hardware=a100-80gb,h100-sxm"]
+    assert count_runs(lambda: cli.main([*base, *grid])) == 2
+    assert count_runs(lambda: cli.main([*base, *grid])) == 0
+    h100 = profiles / "h100-sxm.yaml"
+    h100.write_text(h100.read_text(encoding="utf-8") + "\n# edited\n", encoding="utf-8")
+    assert count_runs(lambda: cli.main([*base, *grid])) == 1  # the H100 point only
+
+
 def test_an_interrupted_sweep_resumes_and_a_half_written_point_reruns(tmp_path, monkeypatch):
     exp = write_exp(tmp_path / "e.yaml", small())
     out = tmp_path / "s"

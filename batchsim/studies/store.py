@@ -10,8 +10,9 @@
                             .parquet, as the experiment's output: block says)
 
 A point is *finished* when its ``point.json`` says it ran and carries the point's key: a hash
-of its resolved config, the contents of the files it reads (traces, profiles) and the
-batchsim version. ``point.json`` is written last and atomically, so a point interrupted while
+of its resolved config, the contents of the files it reads (traces, profiles and models given
+by path, and the built-in GPU profiles, models and frameworks it names) and the batchsim
+version. ``point.json`` is written last and atomically, so a point interrupted while
 writing never looks finished; a point whose key changed (the base experiment or a file it
 reads changed) runs again, the others are skipped.
 """
@@ -93,6 +94,19 @@ class FileDigests:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, int, int], str] = {}
+        self._catalog: dict[str, list[str]] | None = None
+
+    def catalog_files(self, name: str) -> list[str]:
+        """The built-in catalog files (GPU profiles, models, frameworks) named ``name``: a
+        point reads them as it reads the files its config gives by path."""
+        if self._catalog is None:
+            from batchsim.catalog import catalog_dir
+
+            self._catalog = {}
+            for kind in ("hardware_profiles", "models", "frameworks"):
+                for path in sorted(catalog_dir(kind).glob("*.yaml")):
+                    self._catalog.setdefault(path.stem, []).append(str(path))
+        return self._catalog.get(name, [])
 
     def of(self, path: str) -> str | None:
         try:
@@ -110,7 +124,8 @@ class FileDigests:
         return digest
 
     def key(self, config: ExperimentConfig) -> str:
-        """The point key: a hash of the config, the files it names and batchsim's version."""
+        """The point key: a hash of the config, the files it names (by path, or built-in
+        catalog entries by name) and batchsim's version."""
         from batchsim import __version__
 
         data = config.model_dump()
@@ -127,6 +142,9 @@ class FileDigests:
                     walk(value)
             elif isinstance(node, str) and os.path.isabs(node) and os.path.isfile(node):
                 files[node] = self.of(node)
+            elif isinstance(node, str):
+                for path in self.catalog_files(node):  # by name, where it lives does not matter
+                    files[f"{Path(path).parent.name}/{Path(path).name}"] = self.of(path)
 
         walk(data)
         blob = json.dumps(
