@@ -43,8 +43,14 @@ def test_lines_follow_the_table(sweep_dir):
 
 
 def test_unknown_metric_and_wrong_folders(sweep_dir, tmp_path, capsys):
-    with pytest.raises(ConfigError, match="--metric p99_ttfs_ms: not a column"):
+    with pytest.raises(ConfigError, match="--metric p99_ttfs_ms: not a column") as info:
         figure("sweep", [sweep_dir], PlotOptions(metrics=["p99_ttfs_ms"]))
+    assert "one of completed, " in str(info.value) and "seed" not in str(info.value)
+    single = tmp_path / "single"  # one seed: the table has a seed column, not a metric
+    batchsim.sweep(tiny_experiment(), {"scheduler.max_num_seqs": [4, 8]}, out_dir=single,
+                   executor=InlineExecutor(), summary_only=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="--metric seed: not a column"):
+        figure("sweep", [single], PlotOptions(metrics=["seed"]))
     run = tmp_path / "run"
     batchsim.run(tiny_experiment(), run)
     assert cli.main(["plot", "sweep", str(run), "-o", str(tmp_path / "x.png")]) == 2

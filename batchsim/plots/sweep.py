@@ -93,13 +93,10 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     metrics = list(options.metrics) or list(DEFAULT_METRICS)
     if len(metrics) > MAX_METRICS:
         raise ConfigError(f"plot sweep draws at most {MAX_METRICS} metrics, got {len(metrics)}")
-    unknown = [m for m in metrics if m not in table.columns or m in study.varied]
+    not_metrics = (*study.varied, "seed", "error", "point", "num_seeds")
+    unknown = [m for m in metrics if m not in table.columns or m in not_metrics]
     if unknown:
-        allowed = [
-            c
-            for c in table.columns
-            if c not in (*study.varied, "error", "point", "num_seeds") and not c.endswith("_ci95")
-        ]
+        allowed = [c for c in table.columns if c not in not_metrics and not c.endswith("_ci95")]
         raise ConfigError(
             f"--metric {unknown[0]}: not a column of the sweep table; one of "
             f"{', '.join(allowed[:40])}{' ...' if len(allowed) > 40 else ''}"
