@@ -546,13 +546,20 @@ def test_a_points_key_changes_with_its_output_block_only_when_it_is_not_the_defa
     import hashlib
 
     from batchsim import __version__
+    from batchsim.catalog import catalog_dir
     from batchsim.studies.store import FileDigests
 
     config = load_experiment(tiny_experiment())
     data = config.model_dump()
     del data["output"]  # a point's key as it was before the output: block existed
+    files = {  # the built-in catalog entries the config names
+        f"{kind}/{name}.yaml": hashlib.sha256(
+            (catalog_dir(kind) / f"{name}.yaml").read_bytes()
+        ).hexdigest()
+        for kind, name in (("hardware_profiles", "a100-80gb"), ("models", "llama-2-7b"))
+    }
     blob = json.dumps(
-        {"config": data, "files": {}, "version": __version__}, sort_keys=True, default=str
+        {"config": data, "files": files, "version": __version__}, sort_keys=True, default=str
     )
     assert FileDigests().key(config) == hashlib.sha256(blob.encode()).hexdigest()
     parquet = load_experiment(tiny_experiment(output={"format": "parquet"}))
