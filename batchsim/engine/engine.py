@@ -559,7 +559,7 @@ class Engine:
         swap = (output.num_swap_in_blocks + output.num_swap_out_blocks) * (
             self.options.swap_time_per_block
         )
-        overlap = self.options.async_scheduling and now - self._last_end <= TIME_EPS
+        overlap = self.options.async_scheduling and self.back_to_back(now)
         duration = self.duration(cpu, cost.time + swap, overlap)
         first = self.iterations.num_rows
         row = self.batch_row(output, cpu)

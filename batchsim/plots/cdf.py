@@ -45,6 +45,7 @@ from batchsim.plots.style import (
     legend_columns,
     new_figure,
     series_styles,
+    tick_text,
 )
 
 if TYPE_CHECKING:
@@ -455,11 +456,6 @@ def _text_width(text: str, font_pt: float) -> float:
     from matplotlib.textpath import TextPath
 
     return float(TextPath((0, 0), text, size=font_pt).get_extents().width) / 72
-
-
-def tick_text(value: float) -> str:
-    """A tick as a plain number: ``20``, ``1,000``, ``100,000``, ``0.5``."""
-    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
 
 def log_ticks(lo: float, hi: float, width_in: float, font_pt: float) -> list[float]:

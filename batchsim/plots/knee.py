@@ -49,6 +49,7 @@ from batchsim.plots.style import (
     metric_label,
     new_figure,
     series_styles,
+    tick_text,
 )
 from batchsim.roofline import MAX_KNEE_BATCH
 
@@ -315,7 +316,7 @@ def _throughput_scale(ax: Axes, values: list[float]) -> None:
         return
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v)))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Series, Study, finite_number, value_text
-from batchsim.plots.style import describe_study, legend_columns, new_figure, series_styles
+from batchsim.plots.style import (
+    describe_study,
+    legend_columns,
+    new_figure,
+    series_styles,
+    tick_text,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -160,9 +166,7 @@ def _y_scale(ax: Axes, values: list[float]) -> None:
     if positive and max(positive) > LOG_SPAN * min(positive):
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(
-            FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
-        )
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v)))
         ax.yaxis.set_minor_formatter(NullFormatter())
     else:
         ax.set_ylim(0, max(positive, default=1.0) * 1.08)

@@ -73,6 +73,12 @@ SAVE_DPI = 150
 FORMATS = (".png", ".svg", ".pdf")
 
 
+def tick_text(value: float) -> str:
+    """A tick as a plain number: ``20``, ``1,000``, ``100,000``, ``0.5`` (matplotlib would
+    write ``10^5`` or an offset such as ``1e6`` above the axis)."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
 def color_for(label: str, index: int) -> str:
     """A policy's own colour, or the index-th palette colour for any other series."""
     if label in POLICY_COLORS:

@@ -18,7 +18,7 @@ import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study, ok_rows
-from batchsim.plots.style import describe_study, finish, new_figure, series_styles
+from batchsim.plots.style import describe_study, finish, new_figure, series_styles, tick_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -184,4 +184,4 @@ def _scale_y(ax: Any, values: np.ndarray) -> None:
         from matplotlib.ticker import FuncFormatter
 
         # plain numbers with separators (matplotlib would write "1e6" above the axis)
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v)))

@@ -189,7 +189,6 @@ def _name_value(error: str, point: Point) -> str:
     fit) names the varied value it is about, as errors found while loading do
     (``--grid hardware=h100: hardware: unknown name ...``)."""
     from batchsim.config import name_override
-    from batchsim.errors import ConfigError
 
     return str(name_override(ConfigError(error), point.values, "--grid"))
 

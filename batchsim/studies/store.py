@@ -94,18 +94,20 @@ class FileDigests:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, int, int], str] = {}
-        self._catalog: dict[str, list[str]] | None = None
+        self._catalog: dict[str, list[tuple[str, str]]] | None = None
 
-    def catalog_files(self, name: str) -> list[str]:
-        """The built-in catalog files (GPU profiles, models, frameworks) named ``name``: a
-        point reads them as it reads the files its config gives by path."""
+    def catalog_files(self, name: str) -> list[tuple[str, str]]:
+        """The built-in catalog files (GPU profiles, models, frameworks) named ``name``, as
+        (``kind/name.yaml``, path): a point reads them as it reads the files its config gives
+        by path."""
         if self._catalog is None:
             from batchsim.catalog import catalog_dir
 
             self._catalog = {}
             for kind in ("hardware_profiles", "models", "frameworks"):
                 for path in sorted(catalog_dir(kind).glob("*.yaml")):
-                    self._catalog.setdefault(path.stem, []).append(str(path))
+                    label = f"{kind}/{path.name}"
+                    self._catalog.setdefault(path.stem, []).append((label, str(path)))
         return self._catalog.get(name, [])
 
     def of(self, path: str) -> str | None:
@@ -143,8 +145,8 @@ class FileDigests:
             elif isinstance(node, str) and os.path.isabs(node) and os.path.isfile(node):
                 files[node] = self.of(node)
             elif isinstance(node, str):
-                for path in self.catalog_files(node):  # by name, where it lives does not matter
-                    files[f"{Path(path).parent.name}/{Path(path).name}"] = self.of(path)
+                for label, path in self.catalog_files(node):  # where it lives does not matter
+                    files[label] = self.of(path)
 
         walk(data)
         blob = json.dumps(
