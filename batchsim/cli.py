@@ -51,7 +51,9 @@ def _fmt(value: Any, unit: str = "") -> str:
     if isinstance(value, float):
         if value != value:
             return "-"
-        if abs(value) < 1e6:
+        if 0 < abs(value) < 0.1:  # two significant digits, not two decimals: 0.025, not 0.03
+            text = f"{value:.2g}"
+        elif abs(value) < 1e6:
             text = f"{value:,.2f}"
         else:  # whole numbers with separators, as the smaller ones (up to a trillion)
             text = f"{value:,.0f}" if abs(value) < 1e12 else f"{value:.3g}"

@@ -44,7 +44,7 @@ import argparse
 import csv
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,10 @@ TRTLLM_061 = (
     "docs/source/performance.md"
 )
 VLLM_2192 = "https://github.com/vllm-project/vllm/pull/2192"
+LMDEPLOY_010 = (
+    "https://github.com/InternLM/lmdeploy/blob/ebe90bc943eeace841b33fa54fbf1726311b63db/"
+    "docs/en/benchmark/a100_fp16.md"
+)
 
 
 @dataclass(frozen=True)
@@ -76,12 +80,16 @@ class Published:
     input_len: int
     output_len: int
     metric: str
-    """``throughput_per_gpu`` (generated tok/s per GPU), ``ttft_ms`` or ``latency_s``."""
+    """``throughput_per_gpu`` (generated tok/s per GPU), ``output_throughput`` (generated tok/s
+    of the whole engine), ``ttft_ms`` or ``latency_s``."""
     value: float
     what: str
     """The row as the source labels it."""
     engine: dict[str, Any] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 0
+    """0: the ``batch`` requests arrive together (a static batch); else a closed loop of
+    ``batch`` users, each sending ``rounds`` requests one after another."""
 
 
 def _trt(
@@ -150,6 +158,82 @@ def _vllm(batch: int, value: float, custom: bool) -> Published:
     )
 
 
+# LMDeploy v0.1.0a1 on A100-80G, the source's config.ini edits (benchmark/benchmark_{7b,13b,70b}.sh
+# of the same commit): KV blocks of 128 tokens (cache_block_seq_len), cache_max_entry_count
+# blocks (> 1 is a count), max_context_token_num 4 x session_len (4,104) prompt tokens per pass
+LMDEPLOY_BLOCK = 128
+LMDEPLOY_BLOCKS = {"llama-2-7b": 1000, "llama-2-13b": 500, "llama-2-70b": 4000}
+LMDEPLOY_ROUNDS = 6  # profile_generation.py --test-round default, each user one after another
+
+
+def lmdeploy_fits(model: str, batch: int, isl: int, osl: int) -> bool:
+    """Whether the source's KV cache held all ``batch`` sequences at full length."""
+    return batch * math.ceil((isl + osl) / LMDEPLOY_BLOCK) <= LMDEPLOY_BLOCKS[model]
+
+
+def _lmdeploy(model: str, tp: int, batch: int, isl: int, osl: int, value: float) -> Published:
+    label = {"llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b"}.get(model, "llama2-70b")
+    return Published(
+        source="LMDeploy v0.1.0a1 a100_fp16.md",
+        url=LMDEPLOY_010,
+        framework="lmdeploy",
+        model=model,
+        hardware="a100-80gb",
+        tp=tp,
+        dtype="fp16",
+        kv_dtype="auto",
+        batch=batch,
+        input_len=isl,
+        output_len=osl,
+        metric="output_throughput",
+        value=value,
+        what=f"static inference, A100 FP16, {label}, concurrency {batch}, TP {tp}, {isl}/{osl}",
+        engine={"block_size": LMDEPLOY_BLOCK, "num_gpu_blocks": LMDEPLOY_BLOCKS[model]},
+        # TurboMind v0.1 runs the decodes and every new prompt (whole) in one pass
+        scheduler={
+            "policy": "continuous",
+            "mix_prefill_decode": True,
+            "max_num_batched_tokens": max(4 * 4104, batch * isl + batch),
+        },
+        rounds=LMDEPLOY_ROUNDS,
+    )
+
+
+# "Static Inference Benchmark" tables: (model, TP) -> rows of (concurrency, prompt tokens,
+# output tokens, throughput in out tok/s of the engine)
+LMDEPLOY_TABLES: dict[tuple[str, int], list[tuple[int, int, int, float]]] = {
+    ("llama-2-7b", 1): [
+        (1, 1, 128, 100.02), (1, 128, 128, 102.21), (1, 128, 2048, 98.92),
+        (1, 2048, 128, 86.1), (1, 2048, 2048, 93.78),
+        (16, 1, 128, 1504.72), (16, 128, 128, 1272.47), (16, 128, 2048, 1010.62),
+        (16, 2048, 128, 348.87), (16, 2048, 2048, 601.63),
+        (32, 1, 128, 2136.73), (32, 128, 128, 2125.47), (32, 128, 2048, 1462.12),
+        (32, 2048, 128, 450.43), (32, 2048, 2048, 733.34),
+        (64, 1, 128, 4154.81), (64, 128, 128, 3024.07), (64, 128, 2048, 1852.06),
+        (64, 2048, 128, 493.46), (64, 2048, 2048, 755.65),
+    ],
+    ("llama-2-13b", 1): [
+        (1, 1, 128, 57.49), (1, 128, 128, 56.58), (1, 128, 2048, 55.29),
+        (1, 2048, 128, 48.99), (1, 2048, 2048, 52.12),
+        (16, 1, 128, 869.45), (16, 128, 128, 757.3), (16, 128, 2048, 605.88),
+        (16, 2048, 128, 257.92), (16, 2048, 2048, 366.67),
+        (32, 1, 128, 1667.5), (32, 128, 128, 1301.27), (32, 128, 2048, 860.14),
+        (32, 2048, 128, 291.54), (32, 2048, 2048, 389.64),
+        (64, 1, 128, 3049.16), (64, 128, 128, 2033.22), (64, 128, 2048, 998.86),
+        (64, 2048, 128, 286.32), (64, 2048, 2048, 387.86),
+    ],
+    ("llama-2-70b", 4): [
+        (1, 1, 128, 33.94), (1, 128, 128, 33.63), (1, 128, 2048, 32.38),
+        (1, 2048, 128, 28.32), (1, 2048, 2048, 31.9),
+        (16, 1, 128, 468.52), (16, 128, 128, 439.77), (16, 128, 2048, 482.99),
+        (16, 2048, 128, 189.34), (16, 2048, 2048, 399.42),
+        (32, 1, 128, 906.03), (32, 128, 128, 746.36), (32, 128, 2048, 853.56),
+        (32, 2048, 128, 232.6), (32, 2048, 2048, 636.23),
+        (64, 1, 128, 1425.79), (64, 128, 128, 1159.84), (64, 128, 2048, 1391.8),
+        (64, 2048, 128, 270.47), (64, 2048, 2048, 930.46),
+    ],
+}  # fmt: skip
+
 ROWS: list[Published] = [
     # TensorRT-LLM v0.6.1, "Peak Throughput", H100 GPUs (FP8), out tok/s/GPU
     _trt("h100-sxm", "llama-2-7b", 1, 768, 128, 128, "throughput_per_gpu", 19694),
@@ -183,6 +267,13 @@ ROWS: list[Published] = [
     # vLLM PR #2192, "Latency and memory" table (benchmark_latency, 5 iterations)
     _vllm(64, 16.37, custom=False),
     _vllm(64, 14.57, custom=True),
+    # LMDeploy v0.1.0a1 "Static Inference Benchmark": every row whose batch the KV cache held
+    *(
+        _lmdeploy(model, tp, *row)
+        for (model, tp), rows in LMDEPLOY_TABLES.items()
+        for row in rows
+        if lmdeploy_fits(model, *row[:3])
+    ),
 ]
 
 
@@ -208,8 +299,11 @@ def experiment(row: Published) -> dict[str, Any]:
         "engine": engine,
         "scheduler": {"max_num_seqs": row.batch, **row.scheduler},
         "workload": {
-            "num_requests": row.batch,
-            "arrival": {"process": "all_at_once"},
+            **(
+                {"num_requests": row.batch * row.rounds, "concurrency": row.batch}
+                if row.rounds
+                else {"num_requests": row.batch, "arrival": {"process": "all_at_once"}}
+            ),
             "prompt_tokens": {"dist": "fixed", "value": row.input_len},
             "output_tokens": {"dist": "fixed", "value": row.output_len},
         },
@@ -219,10 +313,13 @@ def experiment(row: Published) -> dict[str, Any]:
 def simulated(row: Published) -> float:
     """``row``'s metric as batchsim predicts it."""
     summary = simulate(validate_experiment(experiment(row))).summary
-    if summary["completed"] != row.batch:
-        raise RuntimeError(f"{row.what}: only {summary['completed']} of {row.batch} finished")
+    expected = row.batch * max(1, row.rounds)
+    if summary["completed"] != expected:
+        raise RuntimeError(f"{row.what}: only {summary['completed']} of {expected} finished")
     if row.metric == "throughput_per_gpu":
         return float(summary["output_throughput"]) / row.tp
+    if row.metric == "output_throughput":
+        return float(summary["output_throughput"])
     if row.metric == "ttft_ms":
         return float(summary["mean_ttft_ms"])
     if row.metric == "latency_s":
@@ -230,10 +327,69 @@ def simulated(row: Published) -> float:
     raise ValueError(row.metric)
 
 
+FIT_MODEL = "llama-2-7b"
+"""The LMDeploy rows of this model fit the ``lmdeploy`` preset's CPU time; the others check it."""
+
+
+def used_for_fit(row: Published) -> bool:
+    """Whether ``row`` was used to fit a term of its preset (see :func:`fit_lmdeploy_cpu`)."""
+    return row.framework == "lmdeploy" and row.model == FIT_MODEL
+
+
+def _log_errors(rows: list[Published], engine: dict[str, Any]) -> np.ndarray:
+    """log(simulated / published) of ``rows`` with ``engine`` keys on top of each row's."""
+    return np.array(
+        [
+            math.log(simulated(replace(row, engine={**row.engine, **engine})) / row.value)
+            for row in rows
+        ]
+    )
+
+
+def fit_lmdeploy_cpu() -> tuple[float, float]:
+    """Fit the ``lmdeploy`` preset's CPU time per iteration (``cpu_overhead_ms`` +
+    ``cpu_overhead_per_seq_ms`` x batch) to the LMDeploy rows of :data:`FIT_MODEL`: least
+    squares of log(simulated / published), on a grid of 0.05 ms x 0.0025 ms/request. Prints
+    the fit and the error of the other models' rows, which it did not see."""
+    rows = [r for r in ROWS if r.framework == "lmdeploy"]
+    train = [r for r in rows if used_for_fit(r)]
+    held = [r for r in rows if not used_for_fit(r)]
+    best: tuple[float, float, float] | None = None
+    for base in np.arange(0.0, 1.0001, 0.05):
+        for per_seq in np.arange(0.0, 0.0501, 0.0025):
+            terms = {
+                "cpu_overhead_ms": round(float(base), 4),
+                "cpu_overhead_per_seq_ms": round(float(per_seq), 4),
+            }
+            cost = float(np.mean(_log_errors(train, terms) ** 2))
+            if best is None or cost < best[0]:
+                best = (cost, terms["cpu_overhead_ms"], terms["cpu_overhead_per_seq_ms"])
+    assert best is not None
+    _, base, per_seq = best
+    terms = {"cpu_overhead_ms": base, "cpu_overhead_per_seq_ms": per_seq}
+    print(f"fit on {len(train)} {FIT_MODEL} rows: cpu_overhead_ms {base}, per_seq_ms {per_seq}")
+    for name, group in ((f"fitted ({FIT_MODEL})", train), ("held out (other models)", held)):
+        errs = np.abs(np.expm1(_log_errors(group, terms)))
+        print(
+            f"  {name:<28} {len(group):>3} rows: median {np.median(errs):.1%}, "
+            f"p90 {np.percentile(errs, 90):.1%}"
+        )
+    return base, per_seq
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="also write the rows to this CSV file")
+    parser.add_argument(
+        "--fit-lmdeploy-cpu",
+        action="store_true",
+        help="fit the lmdeploy preset's CPU time per iteration to the Llama-2-7B LMDeploy rows "
+        "and print it with the error of the other rows (about a minute)",
+    )
     args = parser.parse_args(argv)
+    if args.fit_lmdeploy_cpu:
+        fit_lmdeploy_cpu()
+        return 0
     results = []
     print(f"{'source / setup':<86} {'metric':<18} {'published':>10} {'batchsim':>10} {'error':>8}")
     for row in ROWS:
@@ -242,15 +398,18 @@ def main(argv: list[str] | None = None) -> int:
         results.append((row, sim, err))
         print(f"{row.what:<86} {row.metric:<18} {row.value:>10.4g} {sim:>10.4g} {err:>+8.1%}")
     print()
-    print(f"{'source':<40} {'rows':>5} {'median |error|':>15} {'p90 |error|':>12}")
+    print(f"{'source':<42} {'rows':>5} {'median |error|':>15} {'p90 |error|':>12}")
     groups: dict[str, list[float]] = {}
     for row, _, err in results:
         groups.setdefault(row.source, []).append(abs(err))
     groups["all"] = [abs(err) for _, _, err in results]
+    groups["all but the rows a preset was fitted to"] = [
+        abs(err) for row, _, err in results if not used_for_fit(row)
+    ]
     for name, errs in groups.items():
         values = np.array(errs)
         print(
-            f"{name:<40} {len(values):>5} {np.median(values):>15.1%} "
+            f"{name:<42} {len(values):>5} {np.median(values):>15.1%} "
             f"{np.percentile(values, 90):>12.1%}"
         )
     if args.csv:

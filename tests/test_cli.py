@@ -943,3 +943,18 @@ def test_printed_numbers_keep_one_style_from_thousands_to_millions():
     assert cli._fmt(1_170_043.4, " ms") == "1,170,043 ms"
     assert cli._fmt(-2.5e13) == "-2.5e+13"
     assert cli._fmt(float("nan")) == "-"
+    # a small number keeps two significant digits (the lmdeploy preset's 0.025 ms per request
+    # printed as 0.03)
+    assert cli._fmt(0.025) == "0.025"
+    assert cli._fmt(-0.0423, " s") == "-0.042 s"
+    assert cli._fmt(0.0) == "0.00"
+    assert cli._fmt(0.5) == "0.50"
+
+
+def test_list_frameworks_prints_each_presets_cpu_time_as_its_file_says(capsys):
+    assert cli.main(["list", "frameworks"]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line}
+    root = Path(__file__).resolve().parent.parent / "frameworks"
+    for name in ("lmdeploy", "vllm-v0"):
+        engine = yaml.safe_load((root / f"{name}.yaml").read_text(encoding="utf-8"))["engine"]
+        assert float(lines[name][2]) == engine["cpu_overhead_per_seq_ms"]

@@ -289,13 +289,56 @@ def _validation_module():
 
 def test_every_published_row_has_a_source_and_a_valid_experiment():
     module = _validation_module()
-    assert 10 <= len(module.ROWS) <= 30
+    assert 60 <= len(module.ROWS) <= 100
     for row in module.ROWS:
         assert row.url.startswith("https://")
         assert row.value > 0 and row.framework in NAMES
         config = validate_experiment(module.experiment(row))
         assert config.engine.framework == row.framework
-        assert config.workload.num_requests == row.batch
+        if row.rounds:  # a closed loop of `batch` users
+            assert config.workload.concurrency == row.batch
+            assert config.workload.num_requests == row.batch * row.rounds
+        else:  # a static batch
+            assert config.workload.num_requests == row.batch
+
+
+def test_the_lmdeploy_rows_kept_are_exactly_those_whose_users_fit_in_the_sources_cache():
+    # 128-token blocks: 1,000 (7B), 500 (13B), 4,000 (70B) in the source's benchmark scripts
+    module = _validation_module()
+    kept = {(r.model, r.batch, r.input_len, r.output_len) for r in module.ROWS
+            if r.framework == "lmdeploy"}  # fmt: skip
+    blocks = {"llama-2-7b": 1000, "llama-2-13b": 500, "llama-2-70b": 4000}
+    table = [(m, *row) for (m, _), rows in module.LMDEPLOY_TABLES.items() for row in rows]
+    assert len(table) == 60
+    for model, batch, isl, osl, _ in table:
+        per_user = -(-(isl + osl) // 128)
+        assert ((model, batch, isl, osl) in kept) == (batch * per_user <= blocks[model])
+    assert len(kept) == 49
+    # and a kept row never runs short of blocks in the simulation, the tightest one included
+    tightest = max(
+        (r for r in module.ROWS if r.framework == "lmdeploy"),
+        key=lambda r: r.batch * -(-(r.input_len + r.output_len) // 128) / blocks[r.model],
+    )
+    summary = simulate_data(module.experiment(tightest)).summary
+    assert summary["num_preemptions"] == 0
+    assert summary["completed"] == tightest.batch * tightest.rounds
+
+
+def test_a_closed_loop_row_of_one_user_runs_its_requests_back_to_back():
+    # one LMDeploy user sends its 6 requests one after another: the run lasts exactly the sum
+    # of their end-to-end latencies, and the throughput is their tokens over that
+    module = _validation_module()
+    row = next(r for r in module.ROWS if r.framework == "lmdeploy" and r.batch == 1)
+    result = simulate_data(module.experiment(row))
+    requests = result.requests.sort_values("arrival_time_s")
+    assert len(requests) == row.rounds == 6
+    arrivals = requests["arrival_time_s"].to_numpy()
+    finishes = requests["finish_time_s"].to_numpy()
+    assert arrivals[0] == 0.0 and list(arrivals[1:]) == pytest.approx(list(finishes[:-1]))
+    assert result.summary["duration"] == pytest.approx(requests["e2el_ms"].sum() / 1e3)
+    assert module.simulated(row) == pytest.approx(
+        6 * row.output_len / (requests["e2el_ms"].sum() / 1e3)
+    )
 
 
 def test_a_published_latency_row_simulates_to_its_metric():
