@@ -199,40 +199,42 @@ def _lmdeploy(model: str, tp: int, batch: int, isl: int, osl: int, value: float)
     )
 
 
-# "Static Inference Benchmark" tables: (model, TP) -> rows of (concurrency, prompt tokens,
-# output tokens, throughput in out tok/s of the engine)
-LMDEPLOY_TABLES: dict[tuple[str, int], list[tuple[int, int, int, float]]] = {
-    ("llama-2-7b", 1): [
-        (1, 1, 128, 100.02), (1, 128, 128, 102.21), (1, 128, 2048, 98.92),
-        (1, 2048, 128, 86.1), (1, 2048, 2048, 93.78),
-        (16, 1, 128, 1504.72), (16, 128, 128, 1272.47), (16, 128, 2048, 1010.62),
-        (16, 2048, 128, 348.87), (16, 2048, 2048, 601.63),
-        (32, 1, 128, 2136.73), (32, 128, 128, 2125.47), (32, 128, 2048, 1462.12),
-        (32, 2048, 128, 450.43), (32, 2048, 2048, 733.34),
-        (64, 1, 128, 4154.81), (64, 128, 128, 3024.07), (64, 128, 2048, 1852.06),
-        (64, 2048, 128, 493.46), (64, 2048, 2048, 755.65),
-    ],
-    ("llama-2-13b", 1): [
-        (1, 1, 128, 57.49), (1, 128, 128, 56.58), (1, 128, 2048, 55.29),
-        (1, 2048, 128, 48.99), (1, 2048, 2048, 52.12),
-        (16, 1, 128, 869.45), (16, 128, 128, 757.3), (16, 128, 2048, 605.88),
-        (16, 2048, 128, 257.92), (16, 2048, 2048, 366.67),
-        (32, 1, 128, 1667.5), (32, 128, 128, 1301.27), (32, 128, 2048, 860.14),
-        (32, 2048, 128, 291.54), (32, 2048, 2048, 389.64),
-        (64, 1, 128, 3049.16), (64, 128, 128, 2033.22), (64, 128, 2048, 998.86),
-        (64, 2048, 128, 286.32), (64, 2048, 2048, 387.86),
-    ],
-    ("llama-2-70b", 4): [
-        (1, 1, 128, 33.94), (1, 128, 128, 33.63), (1, 128, 2048, 32.38),
-        (1, 2048, 128, 28.32), (1, 2048, 2048, 31.9),
-        (16, 1, 128, 468.52), (16, 128, 128, 439.77), (16, 128, 2048, 482.99),
-        (16, 2048, 128, 189.34), (16, 2048, 2048, 399.42),
-        (32, 1, 128, 906.03), (32, 128, 128, 746.36), (32, 128, 2048, 853.56),
-        (32, 2048, 128, 232.6), (32, 2048, 2048, 636.23),
-        (64, 1, 128, 1425.79), (64, 128, 128, 1159.84), (64, 128, 2048, 1391.8),
-        (64, 2048, 128, 270.47), (64, 2048, 2048, 930.46),
-    ],
+# "Static Inference Benchmark" tables: every model ran profile_generation.py's grid, the
+# concurrencies of the source's scripts times the default (prompt, output) token pairs
+LMDEPLOY_CONCURRENCY = (1, 16, 32, 64)
+LMDEPLOY_LENGTHS = ((1, 128), (128, 128), (128, 2048), (2048, 128), (2048, 2048))
+# (model, TP) -> throughput (out tok/s of the engine), in grid order: concurrency, then lengths
+LMDEPLOY_THROUGHPUT: dict[tuple[str, int], tuple[float, ...]] = {
+    ("llama-2-7b", 1): (
+        100.02, 102.21, 98.92, 86.1, 93.78,
+        1504.72, 1272.47, 1010.62, 348.87, 601.63,
+        2136.73, 2125.47, 1462.12, 450.43, 733.34,
+        4154.81, 3024.07, 1852.06, 493.46, 755.65,
+    ),
+    ("llama-2-13b", 1): (
+        57.49, 56.58, 55.29, 48.99, 52.12,
+        869.45, 757.3, 605.88, 257.92, 366.67,
+        1667.5, 1301.27, 860.14, 291.54, 389.64,
+        3049.16, 2033.22, 998.86, 286.32, 387.86,
+    ),
+    ("llama-2-70b", 4): (
+        33.94, 33.63, 32.38, 28.32, 31.9,
+        468.52, 439.77, 482.99, 189.34, 399.42,
+        906.03, 746.36, 853.56, 232.6, 636.23,
+        1425.79, 1159.84, 1391.8, 270.47, 930.46,
+    ),
 }  # fmt: skip
+
+
+def lmdeploy_table() -> list[tuple[str, int, int, int, int, float]]:
+    """Every row of the source's tables: (model, TP, concurrency, prompt, output, tok/s)."""
+    grid = [(b, isl, osl) for b in LMDEPLOY_CONCURRENCY for isl, osl in LMDEPLOY_LENGTHS]
+    return [
+        (model, tp, *setup, value)
+        for (model, tp), values in LMDEPLOY_THROUGHPUT.items()
+        for setup, value in zip(grid, values, strict=True)
+    ]
+
 
 ROWS: list[Published] = [
     # TensorRT-LLM v0.6.1, "Peak Throughput", H100 GPUs (FP8), out tok/s/GPU
@@ -269,10 +271,9 @@ ROWS: list[Published] = [
     _vllm(64, 14.57, custom=True),
     # LMDeploy v0.1.0a1 "Static Inference Benchmark": every row whose batch the KV cache held
     *(
-        _lmdeploy(model, tp, *row)
-        for (model, tp), rows in LMDEPLOY_TABLES.items()
-        for row in rows
-        if lmdeploy_fits(model, *row[:3])
+        _lmdeploy(model, tp, batch, isl, osl, value)
+        for model, tp, batch, isl, osl, value in lmdeploy_table()
+        if lmdeploy_fits(model, batch, isl, osl)
     ),
 ]
 

@@ -308,9 +308,9 @@ def test_the_lmdeploy_rows_kept_are_exactly_those_whose_users_fit_in_the_sources
     kept = {(r.model, r.batch, r.input_len, r.output_len) for r in module.ROWS
             if r.framework == "lmdeploy"}  # fmt: skip
     blocks = {"llama-2-7b": 1000, "llama-2-13b": 500, "llama-2-70b": 4000}
-    table = [(m, *row) for (m, _), rows in module.LMDEPLOY_TABLES.items() for row in rows]
+    table = module.lmdeploy_table()
     assert len(table) == 60
-    for model, batch, isl, osl, _ in table:
+    for model, _, batch, isl, osl, _ in table:
         per_user = -(-(isl + osl) // 128)
         assert ((model, batch, isl, osl) in kept) == (batch * per_user <= blocks[model])
     assert len(kept) == 49
