@@ -2,6 +2,7 @@
 
     python benchmarks/validate_published.py            # the table, then per-source errors
     python benchmarks/validate_published.py --csv F    # also write the rows to F
+    python benchmarks/validate_published.py --fit-lmdeploy-cpu   # redo the lmdeploy CPU fit
 
 Each row below is one published number with its source and its exact setup (model, GPU,
 tensor parallelism, weight/KV precision, batch, input/output lengths, the metric), read from
@@ -31,6 +32,15 @@ How a setup maps onto an experiment:
     Ray workers) in Vidur's ``a100_cpu_overheads.csv`` (MIT): schedule + sampler +
     prepare_inputs + process_model_outputs, medians fitted linear in the batch (1.39 ms +
     0.043 ms per request), plus ``ray_comm_time`` 6.77 ms (median of its 13 batch sizes).
+  * LMDeploy v0.1.0a1 ``a100_fp16.md`` (``benchmark/profile_generation.py``): ``batch``
+    threads each send 6 requests of fixed lengths one after another; throughput is all
+    generated tokens over the elapsed time. A closed loop of ``batch`` users with no think
+    time; the KV cache is the source's (its scripts' ``cache_max_entry_count`` blocks of 128
+    tokens); TurboMind v0.1 runs decodes and whole new prompts in one pass (continuous,
+    mixed, a budget that never splits a prompt). Rows whose users did not all fit in that
+    cache are left out (TurboMind's own eviction then decided the order). The Llama-2-7B rows
+    fit the ``lmdeploy`` preset's CPU time (``--fit-lmdeploy-cpu``); the summary also prints
+    the error without them.
 
 Every row of these sources whose setup is pinned down and whose model and GPU batchsim has is
 here. Left out: the A100 table's TP > 1 rows (per-GPU or total throughput unclear: its header
@@ -162,6 +172,7 @@ def _vllm(batch: int, value: float, custom: bool) -> Published:
 # of the same commit): KV blocks of 128 tokens (cache_block_seq_len), cache_max_entry_count
 # blocks (> 1 is a count), max_context_token_num 4 x session_len (4,104) prompt tokens per pass
 LMDEPLOY_BLOCK = 128
+LMDEPLOY_PASS_TOKENS = 4 * 4104
 LMDEPLOY_BLOCKS = {"llama-2-7b": 1000, "llama-2-13b": 500, "llama-2-70b": 4000}
 LMDEPLOY_ROUNDS = 6  # profile_generation.py --test-round default, each user one after another
 
@@ -172,7 +183,7 @@ def lmdeploy_fits(model: str, batch: int, isl: int, osl: int) -> bool:
 
 
 def _lmdeploy(model: str, tp: int, batch: int, isl: int, osl: int, value: float) -> Published:
-    label = {"llama-2-7b": "llama2-7b", "llama-2-13b": "llama2-13b"}.get(model, "llama2-70b")
+    label = model.replace("llama-2-", "llama2-")  # the source's model names
     return Published(
         source="LMDeploy v0.1.0a1 a100_fp16.md",
         url=LMDEPLOY_010,
@@ -193,7 +204,7 @@ def _lmdeploy(model: str, tp: int, batch: int, isl: int, osl: int, value: float)
         scheduler={
             "policy": "continuous",
             "mix_prefill_decode": True,
-            "max_num_batched_tokens": max(4 * 4104, batch * isl + batch),
+            "max_num_batched_tokens": max(LMDEPLOY_PASS_TOKENS, batch * isl + batch),
         },
         rounds=LMDEPLOY_ROUNDS,
     )
@@ -385,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fit-lmdeploy-cpu",
         action="store_true",
         help="fit the lmdeploy preset's CPU time per iteration to the Llama-2-7B LMDeploy rows "
-        "and print it with the error of the other rows (about a minute)",
+        "and print it with the error of the other rows (about 20 s)",
     )
     args = parser.parse_args(argv)
     if args.fit_lmdeploy_cpu:
