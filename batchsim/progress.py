@@ -69,7 +69,7 @@ class RunProgress:
         total = engine.source.num_total
         rate = engine.iterations.num_rows / elapsed if elapsed > 0 else 0.0
         text = (
-            f"simulated {engine.env.now:,.0f} s, {done:,}/{total:,} requests done, {rate:,.0f} it/s"
+            f"simulated {engine.clock:,.0f} s, {done:,}/{total:,} requests done, {rate:,.0f} it/s"
         )
         if 0 < done < total:
             text += f", ETA {_duration(elapsed * (total - done) / done)}"

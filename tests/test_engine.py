@@ -6,6 +6,7 @@ it on a small experiment whose numbers follow from the rule, not from a pinned s
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from pathlib import Path
@@ -303,6 +304,33 @@ def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step():
     np.testing.assert_allclose(
         rest["duration_ms"], np.maximum(rest["cpu_time_ms"], rest["gpu_time_ms"]), 1e-12
     )
+
+
+@pytest.mark.parametrize("threshold", [700, 0, 250_000])
+@pytest.mark.parametrize("cluster", [False, True])
+def test_the_run_collects_garbage_rarely_and_leaves_the_collector_as_it_was(threshold, cluster):
+    # The step loop frees its short-lived tuples by reference counting: the collector runs
+    # rarely while it runs (unless the caller turned it off or set it rarer already), and
+    # the caller's thresholds are back afterwards.
+    seen: list[int] = []
+    deliver = Engine._deliver_due
+
+    def spy(engine: Engine, now: float) -> None:
+        seen.append(gc.get_threshold()[0])
+        deliver(engine, now)
+
+    data = experiment(poisson(20, 4.0, fixed(64), fixed(16)))
+    if cluster:
+        data["cluster"] = {"replicas": 2, "router": "round_robin"}
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(threshold, 13, 17)
+        with mock.patch.object(Engine, "_deliver_due", spy):
+            sim(data)
+        assert gc.get_threshold() == (threshold, 13, 17)
+    finally:
+        gc.set_threshold(*saved)
+    assert seen and set(seen) == {threshold if threshold in (0, 250_000) else 100_000}
 
 
 # ----------------------------------------------------------------------------- fast-forward

@@ -467,6 +467,32 @@ def test_the_progress_line_is_rewritten_in_place_and_cleared(monkeypatch):
     assert same_summary(result.summary, unobserved.summary)
 
 
+def test_the_progress_line_shows_simulated_time_moving_on_in_an_offline_run(monkeypatch):
+    # Every request arrives at t=0: after that no arrival is due, so the engine never sleeps
+    # on SimPy's clock; the line shows the engine's own time, from 0 to the last end.
+    monkeypatch.setattr(progress, "CHECK_EVERY", 1)
+    monkeypatch.setattr(progress, "REFRESH_S", 0.0)
+    terminal = FakeTerminal()
+    line = progress.RunProgress(terminal, show_after_s=0.0)
+    workload = {
+        "num_requests": 8,
+        "arrival": {"process": "all_at_once"},
+        "prompt_tokens": {"dist": "fixed", "value": 64},
+        "output_tokens": {"dist": "fixed", "value": 2000},
+    }
+    config = load_experiment(tiny_experiment(workload=workload))
+    result = simulate(config, progress=line)
+    line.close()
+    shown = [
+        float(text.split()[1].replace(",", ""))
+        for text in terminal.getvalue().split("\r\x1b[K")
+        if text.startswith("simulated ")
+    ]
+    end = float(result.requests["finish_time_s"].max())
+    assert end > 10  # long enough for whole seconds to show the clock moving
+    assert shown == sorted(shown) and shown[0] == 0 and shown[-1] >= end - 1
+
+
 def test_a_short_run_shows_nothing():
     terminal = FakeTerminal()
     line = progress.RunProgress(terminal, show_after_s=3600.0)

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from batchsim.engine.engine import ArrivalSource
+from batchsim.engine.engine import ArrivalSource, rare_collections
 from batchsim.engine.plan import StretchPlan
 from batchsim.engine.request import Request
 from batchsim.scheduler.output import StepTimes
@@ -402,7 +402,8 @@ class Dispatcher:
         for engine in engines:
             engine.start()
         self.env.process(self._loop())
-        self.env.run()
+        with rare_collections():
+            self.env.run()
 
     def _loop(self) -> Generator[simpy.Event, float, None]:  # a SimPy process
         source = self.source
