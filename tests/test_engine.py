@@ -401,6 +401,42 @@ def test_fast_forward_is_exact_with_swap_preemption(policy, mix):
 
 
 @pytest.mark.parametrize(
+    ("scheduler", "engine"),
+    [
+        ({"policy": "continuous"}, {}),
+        ({"policy": "continuous", "mix_prefill_decode": True}, {"async_scheduling": True}),
+        ({"policy": "chunked_prefill", "max_num_batched_tokens": 64}, {"num_gpu_blocks": 80}),
+        ({"policy": "continuous"}, {"framework": "vllm-v0", "cuda_graph_max_batch_size": 4}),
+    ],
+)
+def test_decode_stretches_run_on_through_completions_exactly(scheduler, engine):
+    # With nothing waiting, a stretch of the running decodes goes on past a request's last
+    # token (it leaves, the others go on) without a pass of the engine, until an arrival,
+    # a cancellation or a short KV cache stops it: the same iterations and requests as
+    # stepping one at a time.
+    workload = poisson(
+        50, 3.0, uniform(16, 300), uniform(1, 250), cancel_after_ms=uniform(2000, 30000)
+    )
+    sched = {"max_num_seqs": 12, "max_num_batched_tokens": 512, **scheduler}
+    drained: list[int] = []
+    drain = StretchRunner.drain
+
+    def spy(runner: StretchRunner, now: float, event: float) -> float:
+        before = runner.engine.request_log.num_rows
+        end = drain(runner, now, event)
+        drained.append(runner.engine.request_log.num_rows - before)
+        return end
+
+    with mock.patch.object(StretchRunner, "drain", spy):
+        fast = sim(experiment(workload, sched, engine))
+    slow = sim(experiment(workload, sched, {**engine, "fast_forward": False}))
+    assert sum(drained) > 10  # requests finished inside drained stretches
+    if "num_gpu_blocks" in engine:
+        assert fast.summary["num_preemptions"] > 0
+    assert_same_run(fast, slow)
+
+
+@pytest.mark.parametrize(
     ("engine", "output", "cancel"),
     [
         ({}, uniform(1, 300), False),

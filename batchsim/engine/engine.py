@@ -179,6 +179,12 @@ class ArrivalSource:
                 self._arrivals = table.arrival_time[self._starts]
             self._next = self._arrival(0)
 
+    @property
+    def leaving_sends_nothing(self) -> bool:
+        """A request that leaves brings no arrival (:meth:`on_left` does nothing): an open
+        loop without conversations."""
+        return not self.closed_loop and self._next_turn is None
+
     def _arrival(self, index: int) -> float:
         arrivals = self._arrivals
         return float(arrivals[index]) if index < len(arrivals) else math.inf
@@ -341,6 +347,23 @@ class Engine:
         self.guarded = getattr(policy, "speculative_base", policy) not in POLICIES.values()
         """Check the policy at every call (policies written outside batchsim)."""
         self.on_step = on_step
+        self.drains = (
+            link is None
+            and self.fast_forward
+            and not self.guarded
+            and policy.__dict__.get("drains_cohort", False) is True
+            and scheduler._cohort is not None
+            and scheduler._prefix is None
+            and not cost_model.ideal
+            and self.slot_log is None
+            and type(self) is Engine
+            and isinstance(self.source, ArrivalSource)
+            and self.source.leaving_sends_nothing
+        )
+        """Decode stretches run on through their members' last tokens
+        (:meth:`~batchsim.engine.stretch.StretchRunner.drain`): a built-in policy that runs
+        its running requests first (``drains_cohort``), one engine on its own, whose
+        requests leaving bring no arrival (open loop, no conversations)."""
         if getattr(scheduler, "speculator", None) is not None:
             self._price_step = self._price_speculative_step  # type: ignore[method-assign]
 
@@ -566,6 +589,12 @@ class Engine:
                 )
             for request in finished:
                 self._left(request, times.end)
+            if self.drains:
+                event = self._next_external_time()
+                if now < event:
+                    now = self.stretch.drain(now, event)
+                    if now >= event:  # its last stretch was cut there: sleep till it ends
+                        yield env.timeout(max(0.0, now - env.now))
             if link is not None:  # the router's turn first at this instant
                 turn = link.next_pass(now)
                 if turn is not None:

@@ -38,7 +38,9 @@ import numpy as np
 
 from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
 from batchsim.cost.costs import StepCost
-from batchsim.engine.kv_cache import UsageRamp, expand_usage_ramps
+from batchsim.cost.shapes import cuda_graph_padded
+from batchsim.engine.cohort import Cohort
+from batchsim.engine.kv_cache import KVCacheManager, UsageRamp, expand_usage_ramps
 from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
@@ -95,13 +97,7 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     requests = output.requests
     batch = scheduler.cohort_batch(output)
     if batch is not None and batch.pure:  # the cohort alone: no look at each request
-        steps = min(batch.cohort.min_remaining(), scheduler.policy_max_repeat(output))
-        if steps <= 1:
-            return max(1, steps)
-        empty = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts
-        if batch.members * ((steps - 1) // kv.block_size + 1) <= empty:
-            return steps  # room for a new block per member at every block boundary
-        return max(1, kv.max_growth_from_offsets(batch.cohort.offsets(), steps))
+        return cohort_repeat(kv, batch.cohort, scheduler.policy_max_repeat(output))
     if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):
         steps = min(r.max_tokens - r._outputs for r in requests)  # none is in a cohort
     else:
@@ -122,6 +118,18 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         if freed.size:
             steps = int(freed[0])
     return max(1, steps)
+
+
+def cohort_repeat(kv: KVCacheManager, cohort: Cohort, most: int) -> int:
+    """How many consecutive iterations of the whole cohort, and nothing else, would run (at
+    most ``most``): up to the first member's last token, while the KV blocks last."""
+    steps = min(cohort.min_remaining(), most)
+    if steps <= 1:
+        return max(1, steps)
+    empty = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts
+    if cohort.n * ((steps - 1) // kv.block_size + 1) <= empty:
+        return steps  # room for a new block per member at every block boundary
+    return max(1, kv.max_growth_from_offsets(cohort.offsets(), steps))
 
 
 def prompt_chunks_allowed(policy: type[Scheduler]) -> bool:
@@ -180,6 +188,7 @@ class StretchRunner:
             slopes.compute_time - slopes.memory_time,
         )
         self._deltas: dict[int, tuple[float, float, float, float]] = {}  # per decode rows
+        self._pure_rows: dict[tuple[int, int], tuple] = {}  # drain(): batch rows per size
 
     def run(self, output: SchedulerOutput, now: float, num_steps: int, event: float) -> StepTimes:
         """Run up to ``num_steps`` iterations of the decode-only ``output`` from ``now``;
@@ -204,10 +213,20 @@ class StretchRunner:
     ) -> tuple[int, float]:
         """Steps priced as runs of equal time (contexts that no window caps)."""
         engine = self.engine
-        shape = output.shape
-        rows = shape.num_decode_tokens + shape.num_padding_seqs
         cpu = engine.cpu_time(len(output.requests))
-        batch = engine.batch_row(output, cpu)
+        runs, done, end = self._price_runs(
+            output.shape, cpu, engine.batch_row(output, cpu), now, num_steps, event
+        )
+        self.log.add_runs(runs, self._usage(output, done))
+        return done, end
+
+    def _price_runs(
+        self, shape: BatchShape, cpu: float, batch: tuple, now: float, num_steps: int, event: float
+    ) -> tuple[list[tuple], int, float]:
+        """The runs of up to ``num_steps`` decode iterations of ``shape`` from ``now``, cut at
+        the first that ends at or after ``event``: (runs, iterations, end)."""
+        rows = shape.num_decode_tokens + shape.num_padding_seqs
+        engine = self.engine
         overlap = engine.options.async_scheduling
         back_to_back = engine.back_to_back(now)
         deltas = self._deltas.get(rows)
@@ -242,8 +261,51 @@ class StretchRunner:
             done += steps
             if cut:
                 break
-        self.log.add_runs(runs, self._usage(output, done))
-        return done, start
+        return runs, done, start
+
+    def drain(self, now: float, event: float) -> float:
+        """Run the whole cohort on from ``now``, stretch after stretch, while the next
+        iteration would be the cohort and nothing else and no arrival or cancellation is due
+        (before ``event``): each stretch up to its first member's last token or what the KV
+        blocks allow, applied at once (its finished members leave at its end), then the next.
+        The same iterations as a pass of the engine each (``schedule()``,
+        :func:`repeat_limit`, :meth:`run`, ``update_from_output()``), without building their
+        outputs. Returns the engine's time after the last one: at or after ``event`` if it
+        was cut there, else when nothing could be drained any more."""
+        engine = self.engine
+        scheduler = engine.scheduler
+        kv = scheduler.kv_cache
+        log = self.log
+        running = scheduler.running
+        on_step = engine.on_step
+        graph_max = engine.options.cuda_graph_max_batch_size
+        rows = self._pure_rows
+        while now < event:
+            cohort = scheduler._cohort_iteration()
+            if cohort is None:
+                break
+            if on_step is not None:
+                on_step(engine)
+            n = cohort.n
+            kv_read = cohort.context_tokens()
+            shape = BatchShape(n, 0, n, 0, n, kv_read, kv_read + n, 0)
+            if graph_max:
+                shape = cuda_graph_padded(shape, graph_max)
+            cpu = engine.cpu_time(n)
+            key = (n, shape.num_padding_tokens)
+            row = rows.get(key)
+            if row is None:  # the row of schedule()'s output of the cohort alone
+                output = SchedulerOutput(running, [1] * n, shape, 0, n, n, n)
+                row = rows[key] = engine.batch_row(output, cpu)
+            steps = cohort_repeat(kv, cohort, 1 << 62)
+            first = log.num_rows
+            runs, done, end = self._price_runs(shape, cpu, row, now, steps, event)
+            log.add_runs(runs, kv.usage_ramp(cohort.offsets()))
+            finished = scheduler._advance_cohort(cohort, first, done, end, running)
+            engine._last_end = now = end
+            for request in finished:
+                engine._left(request, end)
+        return now
 
     def _run_chunks(
         self, output: SchedulerOutput, now: float, num_steps: int, event: float

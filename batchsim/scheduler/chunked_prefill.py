@@ -19,6 +19,7 @@ class ChunkedPrefillScheduler(Scheduler):
     name = "chunked_prefill"
     config_keys = frozenset({"policy", "max_num_seqs", "max_num_batched_tokens", "preemption_mode"})
     decode_stretches = True
+    drains_cohort = True
 
     def schedule(self, now: float) -> SchedulerOutput:
         preempted: list[Request] = []

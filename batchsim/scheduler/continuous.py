@@ -34,6 +34,7 @@ class ContinuousScheduler(Scheduler):
         }
     )
     decode_stretches = True
+    drains_cohort = True
 
     def policy_reject_reason(self, request: Request) -> str:
         budget = self.config.max_num_batched_tokens

@@ -105,6 +105,13 @@ class Scheduler(abc.ABC):
     with identical results. False (the default, for policies written elsewhere): every
     iteration calls :meth:`schedule`."""
 
+    drains_cohort: ClassVar[bool] = False
+    """Declared (not inherited) by a built-in policy whose :meth:`schedule` runs its running
+    requests first (:meth:`_schedule_running_batch`) and then fills the budget from the
+    waiting queue, with no timer and :meth:`policy_max_repeat` unbounded when nothing waits:
+    its next iteration is then :meth:`_cohort_iteration`, and the engine runs its decode
+    stretches on through their members' last tokens."""
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -694,6 +701,34 @@ class Scheduler(abc.ABC):
                 return running[:cut], tokens, left, batch
         return (*self.schedule_running(token_budget, preempted), None)
 
+    def _cohort_iteration(self) -> Cohort | None:
+        """The next iteration of a policy that runs its running requests first and then
+        fills the budget from the waiting queue, when that is the whole cohort and nothing
+        else: nothing waits, is swapped out or transferred, and every running request is a
+        member (or joins, as :meth:`_schedule_running_batch` lets it). Takes the blocks of
+        every member's next token, as that would, and returns the cohort; None if the
+        iteration is anything else (nothing changed but requests joining)."""
+        cohort = self._cohort
+        running = self.running
+        n = len(running)
+        if (
+            cohort is None
+            or not n
+            or self.waiting
+            or self.swapped
+            or self.transferred
+            or n > self.config.max_num_batched_tokens
+            or (cohort.n != n and self._promote(cohort))
+        ):
+            return None
+        need = 0 if cohort.ahead else cohort.crossing()
+        kv = self.kv_cache
+        if need > kv.num_free_blocks:
+            return None  # schedule_running() would preempt
+        kv.num_free_blocks -= need
+        cohort.ahead = 1
+        return cohort
+
     def _schedule_around(
         self, cohort: Cohort, loose: list[tuple[int, Request]], token_budget: int
     ) -> tuple[int, list[tuple[int, Request, int]], int] | None:
@@ -819,9 +854,6 @@ class Scheduler(abc.ABC):
         cohort = batch.cohort
         kv = self.kv_cache
         num_steps, first, end = times.num_steps, times.first_iteration, times.end
-        if num_steps > 1:
-            kv.num_free_blocks -= kv.growth_from_offsets(cohort.offsets(), num_steps)
-        cohort.tick(first, num_steps)
         requests = output.requests
         others = batch.loose
         if len(requests) > batch.tail:
@@ -829,6 +861,11 @@ class Scheduler(abc.ABC):
             others = others + [
                 (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
             ]
+        if not others:
+            return self._advance_cohort(cohort, first, num_steps, end, requests)
+        if num_steps > 1:
+            kv.num_free_blocks -= kv.growth_from_offsets(cohort.offsets(), num_steps)
+        cohort.tick(first, num_steps)
         done: list[tuple[int, Request]] = []
         if others and num_steps == 1:
             for i, request, num_new in others:
@@ -866,23 +903,51 @@ class Scheduler(abc.ABC):
                 if request.num_output_tokens >= request.max_tokens:
                     assert request.num_output_tokens == request.max_tokens, "stretch overshot"
                     done.append((i, request))
-        if others and self._prefix is not None:
+        if self._prefix is not None:
             self._register([request for _, request, _ in others])
-        members = cohort.pop_finished()
-        if members:
-            if len(members) > 8:
-                where = {id(r): i for i, r in enumerate(requests)}
-                done += [(where[id(r)], r) for r in members]
-            else:
-                done += [(requests.index(r), r) for r in members]
-            for r in members:
-                cohort.detach(r)
+        done += self._finished_members(cohort, requests)
         if not done:
             return []
         done.sort(key=lambda item: item[0])
         finished = [r for _, r in done]
         self._finish(finished, end)
         return finished
+
+    def _advance_cohort(
+        self, cohort: Cohort, first: int, num_steps: int, end: float, requests: list[Request]
+    ) -> list[Request]:
+        """:meth:`update_from_output` of ``num_steps`` iterations from ``first`` that ran the
+        whole cohort and nothing else (``requests``, in the iteration's order): the members'
+        blocks grow, the cohort ticks, and those that sampled their last token finish at
+        ``end`` (returned in ``requests`` order)."""
+        if num_steps > 1:
+            kv = self.kv_cache
+            kv.num_free_blocks -= kv.growth_from_offsets(cohort.offsets(), num_steps)
+        cohort.tick(first, num_steps)
+        done = self._finished_members(cohort, requests)
+        if not done:
+            return []
+        if len(done) > 1:
+            done.sort(key=lambda item: item[0])
+        finished = [r for _, r in done]
+        self._finish(finished, end)
+        return finished
+
+    @staticmethod
+    def _finished_members(cohort: Cohort, requests: list[Request]) -> list[tuple[int, Request]]:
+        """(position in ``requests``, request) of the members that sampled their last token,
+        taken out of the cohort."""
+        members = cohort.pop_finished()
+        if not members:
+            return []
+        if len(members) > 8:
+            where = {id(r): i for i, r in enumerate(requests)}
+            done = [(where[id(r)], r) for r in members]
+        else:
+            done = [(requests.index(r), r) for r in members]
+        for r in members:
+            cohort.detach(r)
+        return done
 
 
 def prompt_chunk_of(output: SchedulerOutput, batch: CohortBatch) -> tuple[Request, int] | None:
