@@ -17,6 +17,12 @@ longer. This module is the one home of that shortcut:
   stretch. When the batch is a built-in policy's cohort
   (:mod:`batchsim.engine.cohort`), the stretch's length, KV growth and usage come from the
   cohort's counts by block offset, whatever the batch size.
+- :meth:`StretchRunner.drain` — when nothing waits and no arrival or cancellation is due,
+  the cohort's stretches run on one after another, each member leaving at the end of the
+  stretch that samples its last token, without a pass of the engine per stretch (policies
+  that declare :attr:`~batchsim.scheduler.Scheduler.drains_cohort`, one engine on its own).
+  Each stretch is priced, logged and applied by the same helpers as a pass's
+  (:func:`cohort_repeat`, ``_price_runs``, the scheduler's ``_advance_cohort``).
 - Prompt chunks: chunked prefill's iterations of the cohort's decodes and one prompt's
   chunk that takes the rest of the token budget repeat too (nothing can be admitted), each
   chunk as long and further along the prompt, up to its last chunk
