@@ -436,6 +436,30 @@ def test_decode_stretches_run_on_through_completions_exactly(scheduler, engine):
     assert_same_run(fast, slow)
 
 
+def test_chunked_prefill_fast_forwards_while_the_waiting_head_does_not_fit_its_chunk():
+    # Every request arrives at once and the KV cache holds only a few of them: the running
+    # decodes leave 500 tokens of the budget, and the waiting head's chunk of its prompt does
+    # not fit the free blocks (one token would). The next iterations are the same decodes
+    # (free blocks only shrink during a stretch), so they are advanced in one step, with the
+    # same results as stepping.
+    workload = offline(30, fixed(400), fixed(300))
+    scheduler = {"policy": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 512}
+    engine = {"num_gpu_blocks": 120}
+    waiting_stretches = []
+    run = StretchRunner.run
+
+    def spy(runner: StretchRunner, output: Any, now: float, steps: int, event: float) -> Any:
+        if runner.engine.scheduler.waiting and not output.num_prefill_seqs:
+            waiting_stretches.append(steps)
+        return run(runner, output, now, steps, event)
+
+    with mock.patch.object(StretchRunner, "run", spy):
+        fast = sim(experiment(workload, scheduler, engine))
+    slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
+    assert len(waiting_stretches) > 5 and max(waiting_stretches) > 50
+    assert_same_run(fast, slow)
+
+
 @pytest.mark.parametrize(
     ("engine", "output", "cancel"),
     [

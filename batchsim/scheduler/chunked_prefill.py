@@ -45,13 +45,13 @@ class ChunkedPrefillScheduler(Scheduler):
         return self._chunk_stretch_limit(output)
 
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
-        # A waiting request that could be admitted would change the next iteration (free
-        # blocks never grow during a stretch, so checking now is enough).
-        if (
-            self.waiting
-            and not self.swapped
-            and len(self.running) < self.max_num_seqs
-            and self.admit_waiting(self.waiting[0], 1, chunked=True, check_only=True)
-        ):
+        # A waiting request that could be admitted would change the next iteration. It would
+        # get what the batch leaves of the budget, as now: if its chunk does not fit the KV
+        # cache now, it does not later in the stretch either (free blocks never grow during
+        # a stretch, and the batch, hence what it leaves, stays the same).
+        if not self.waiting or self.swapped or len(self.running) >= self.max_num_seqs:
+            return 1 << 62
+        left = self.config.max_num_batched_tokens - sum(output.num_scheduled_tokens)
+        if left > 0 and self.admit_waiting(self.waiting[0], left, chunked=True, check_only=True):
             return 1
         return 1 << 62

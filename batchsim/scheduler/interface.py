@@ -662,9 +662,8 @@ class Scheduler(abc.ABC):
         """Let the running decodes outside the cohort join it; return (position, request)
         of the running requests still outside."""
         loose: list[tuple[int, Request]] = []
-        for i, request in enumerate(self.running):
-            if request._group is cohort:
-                continue
+        outside = [(i, r) for i, r in enumerate(self.running) if r._group is not cohort]
+        for i, request in outside:
             # (a request with keyed blocks left to compute registers them on its own)
             if cohort.can_join(request) and (self._prefix is None or self._prefix.settled(request)):
                 cohort.join(request)
