@@ -460,6 +460,33 @@ def test_chunked_prefill_fast_forwards_while_the_waiting_head_does_not_fit_its_c
     assert_same_run(fast, slow)
 
 
+def test_mixed_continuous_fast_forwards_while_the_waiting_prompt_exceeds_the_budget_left():
+    # Mixed iterations: once 33 decodes run, a 480-token prompt no longer fits the 479 tokens
+    # they leave of the 512-token budget, so the waiting requests wait for a decode to finish
+    # however free the KV cache is. The decodes until then are advanced in one step, with
+    # the same results as stepping.
+    workload = offline(60, fixed(480), uniform(150, 400))
+    scheduler = {
+        "policy": "continuous",
+        "mix_prefill_decode": True,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 512,
+    }
+    waiting_stretches = []
+    run = StretchRunner.run
+
+    def spy(runner: StretchRunner, output: Any, now: float, steps: int, event: float) -> Any:
+        if runner.engine.scheduler.waiting and not output.num_prefill_seqs:
+            waiting_stretches.append(steps)
+        return run(runner, output, now, steps, event)
+
+    with mock.patch.object(StretchRunner, "run", spy):
+        fast = sim(experiment(workload, scheduler))
+    slow = sim(experiment(workload, scheduler, {"fast_forward": False}))
+    assert len(waiting_stretches) > 5 and max(waiting_stretches) > 50
+    assert_same_run(fast, slow)
+
+
 @pytest.mark.parametrize(
     ("engine", "output", "cancel"),
     [

@@ -94,13 +94,17 @@ class ContinuousScheduler(Scheduler):
             # found in the prefix cache) looks like a decode, but the running decodes it
             # stalled run with it at the next iteration
             return 1
-        # A waiting request that could be admitted would change the next iteration (free
-        # blocks never grow during a stretch, so checking now is enough).
-        if (
-            self.waiting
-            and not self.swapped
-            and len(self.running) < self.max_num_seqs
-            and self.admit_waiting(self.waiting[0], 1 << 62, check_only=True)
+        # A waiting request that could be admitted would change the next iteration. It is
+        # asked with the budget schedule() would give it (mixed: what the batch leaves), and
+        # free blocks never grow during a stretch: if it does not fit now, it does not later.
+        if not self.waiting or self.swapped or len(self.running) >= self.max_num_seqs:
+            return 1 << 62
+        budget = self.config.max_num_batched_tokens
+        left = budget
+        if self.config.mix_prefill_decode:
+            left -= sum(output.num_scheduled_tokens)
+        if left > 0 and self.admit_waiting(
+            self.waiting[0], left, over_budget_above=budget, check_only=True
         ):
             return 1
         return 1 << 62
