@@ -28,6 +28,7 @@ from batchsim.engine.engine import Engine
 from batchsim.engine.stretch import StretchRunner
 from batchsim.errors import ConfigError
 from batchsim.metrics.summary import weighted_percentiles
+from batchsim.scheduler.interface import Scheduler
 from batchsim.simulation import Result, simulate
 from conftest import SUMMARY_KEYS, assert_same_run, capture_engines, tiny_experiment
 
@@ -440,30 +441,31 @@ def test_chunked_prefill_fast_forwards_while_the_waiting_head_does_not_fit_its_c
     # Every request arrives at once and the KV cache holds only a few of them: the running
     # decodes leave 500 tokens of the budget, and the waiting head's chunk of its prompt does
     # not fit the free blocks (one token would). The next iterations are the same decodes
-    # (free blocks only shrink during a stretch), so they are advanced in one step, with the
-    # same results as stepping.
+    # (free blocks only shrink during a stretch), and after a request finishes, the same
+    # without it while the head still does not fit: they are advanced many at a time, with
+    # the same results as stepping.
     workload = offline(30, fixed(400), fixed(300))
     scheduler = {"policy": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 512}
     engine = {"num_gpu_blocks": 120}
-    waiting_stretches = []
-    run = StretchRunner.run
+    passes = []
+    schedule = Scheduler.schedule_iteration
 
-    def spy(runner: StretchRunner, output: Any, now: float, steps: int, event: float) -> Any:
-        if runner.engine.scheduler.waiting and not output.num_prefill_seqs:
-            waiting_stretches.append(steps)
-        return run(runner, output, now, steps, event)
+    def spy(scheduler: Scheduler, now: float) -> Any:
+        passes.append(bool(scheduler.waiting))
+        return schedule(scheduler, now)
 
-    with mock.patch.object(StretchRunner, "run", spy):
+    with mock.patch.object(Scheduler, "schedule_iteration", spy):
         fast = sim(experiment(workload, scheduler, engine))
     slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
-    assert len(waiting_stretches) > 5 and max(waiting_stretches) > 50
+    # a pass of the engine loop per few dozen iterations, nearly all with requests waiting
+    assert 5 * len(passes) < len(fast.iterations) and sum(passes) > 0.9 * len(passes)
     assert_same_run(fast, slow)
 
 
 def test_mixed_continuous_fast_forwards_while_the_waiting_prompt_exceeds_the_budget_left():
     # Mixed iterations: once 33 decodes run, a 480-token prompt no longer fits the 479 tokens
     # they leave of the 512-token budget, so the waiting requests wait for a decode to finish
-    # however free the KV cache is. The decodes until then are advanced in one step, with
+    # however free the KV cache is. The decodes until then are advanced many at a time, with
     # the same results as stepping.
     workload = offline(60, fixed(480), uniform(150, 400))
     scheduler = {
@@ -472,18 +474,18 @@ def test_mixed_continuous_fast_forwards_while_the_waiting_prompt_exceeds_the_bud
         "max_num_seqs": 64,
         "max_num_batched_tokens": 512,
     }
-    waiting_stretches = []
-    run = StretchRunner.run
+    passes = []
+    schedule = Scheduler.schedule_iteration
 
-    def spy(runner: StretchRunner, output: Any, now: float, steps: int, event: float) -> Any:
-        if runner.engine.scheduler.waiting and not output.num_prefill_seqs:
-            waiting_stretches.append(steps)
-        return run(runner, output, now, steps, event)
+    def spy(scheduler: Scheduler, now: float) -> Any:
+        passes.append(bool(scheduler.waiting))
+        return schedule(scheduler, now)
 
-    with mock.patch.object(StretchRunner, "run", spy):
+    with mock.patch.object(Scheduler, "schedule_iteration", spy):
         fast = sim(experiment(workload, scheduler))
     slow = sim(experiment(workload, scheduler, {"fast_forward": False}))
-    assert len(waiting_stretches) > 5 and max(waiting_stretches) > 50
+    # a pass of the engine loop per few dozen iterations, nearly all with requests waiting
+    assert 5 * len(passes) < len(fast.iterations) and sum(passes) > 0.9 * len(passes)
     assert_same_run(fast, slow)
 
 

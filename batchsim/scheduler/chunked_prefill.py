@@ -44,6 +44,13 @@ class ChunkedPrefillScheduler(Scheduler):
         # admits and resumes nothing, and its chunk is as long while the prompt lasts.
         return self._chunk_stretch_limit(output)
 
+    def admits_head(self, running_tokens: int) -> bool:
+        # the head gets what the running requests leave of the budget, a chunk of its prompt
+        left = self.config.max_num_batched_tokens - running_tokens
+        return left > 0 and bool(
+            self.admit_waiting(self.waiting[0], left, chunked=True, check_only=True)
+        )
+
     def policy_max_repeat(self, output: SchedulerOutput) -> int:
         # A waiting request that could be admitted would change the next iteration. It would
         # get what the batch leaves of the budget, as now: if its chunk does not fit the KV
@@ -51,7 +58,4 @@ class ChunkedPrefillScheduler(Scheduler):
         # a stretch, and the batch, hence what it leaves, stays the same).
         if not self.waiting or self.swapped or len(self.running) >= self.max_num_seqs:
             return 1 << 62
-        left = self.config.max_num_batched_tokens - sum(output.num_scheduled_tokens)
-        if left > 0 and self.admit_waiting(self.waiting[0], left, chunked=True, check_only=True):
-            return 1
-        return 1 << 62
+        return 1 if self.admits_head(sum(output.num_scheduled_tokens)) else 1 << 62

@@ -17,6 +17,8 @@ admitted while any is left swapped out.
 
 from __future__ import annotations
 
+from typing import Any
+
 from batchsim.engine.request import Request
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
@@ -35,6 +37,11 @@ class ContinuousScheduler(Scheduler):
     )
     decode_stretches = True
     drains_cohort = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # without mixing, prompts are admitted before the running requests are scheduled
+        self.admits_before_running = not self.config.mix_prefill_decode
 
     def policy_reject_reason(self, request: Request) -> str:
         budget = self.config.max_num_batched_tokens
@@ -99,12 +106,13 @@ class ContinuousScheduler(Scheduler):
         # free blocks never grow during a stretch: if it does not fit now, it does not later.
         if not self.waiting or self.swapped or len(self.running) >= self.max_num_seqs:
             return 1 << 62
+        return 1 if self.admits_head(sum(output.num_scheduled_tokens)) else 1 << 62
+
+    def admits_head(self, running_tokens: int) -> bool:
+        # whole prompts, FCFS, the first one over budget if it could never fit otherwise;
+        # without mixing, before the running requests (the whole budget)
         budget = self.config.max_num_batched_tokens
-        left = budget
-        if self.config.mix_prefill_decode:
-            left -= sum(output.num_scheduled_tokens)
-        if left > 0 and self.admit_waiting(
-            self.waiting[0], left, over_budget_above=budget, check_only=True
-        ):
-            return 1
-        return 1 << 62
+        left = budget - running_tokens if self.config.mix_prefill_decode else budget
+        return left > 0 and bool(
+            self.admit_waiting(self.waiting[0], left, over_budget_above=budget, check_only=True)
+        )

@@ -700,25 +700,38 @@ class Scheduler(abc.ABC):
                 return running[:cut], tokens, left, batch
         return (*self.schedule_running(token_budget, preempted), None)
 
+    admits_before_running: bool = False
+    """With :attr:`drains_cohort`: the policy's :meth:`schedule` admits waiting requests
+    before it schedules the running ones (and then runs no decode with them)."""
+
+    def admits_head(self, running_tokens: int) -> bool:
+        """With :attr:`drains_cohort`: whether :meth:`schedule` would admit the head of the
+        waiting queue into an iteration whose running requests take ``running_tokens`` of
+        the budget, given the KV blocks free when it would try (True: it might)."""
+        return bool(self.waiting)
+
     def _cohort_iteration(self) -> Cohort | None:
-        """The next iteration of a policy that runs its running requests first and then
-        fills the budget from the waiting queue, when that is the whole cohort and nothing
-        else: nothing waits, is swapped out or transferred, and every running request is a
-        member (or joins, as :meth:`_schedule_running_batch` lets it). Takes the blocks of
-        every member's next token, as that would, and returns the cohort; None if the
-        iteration is anything else (nothing changed but requests joining)."""
+        """The next iteration of a policy that :attr:`drains_cohort`, when that is the whole
+        cohort and nothing else: nothing is swapped out or transferred, no waiting request
+        would be admitted (:meth:`admits_head`), and every running request is a member (or
+        joins, as :meth:`_schedule_running_batch` lets it). Takes the blocks of every
+        member's next token, as that would, and returns the cohort; None if the iteration is
+        anything else (with the state :meth:`schedule` would have reached at that point:
+        requests joined, the members' blocks taken)."""
         cohort = self._cohort
         running = self.running
         n = len(running)
         if (
             cohort is None
             or not n
-            or self.waiting
             or self.swapped
             or self.transferred
             or n > self.config.max_num_batched_tokens
             or (cohort.n != n and self._promote(cohort))
         ):
+            return None
+        waits = self.waiting and n < self.max_num_seqs
+        if waits and self.admits_before_running and self.admits_head(n):
             return None
         need = 0 if cohort.ahead else cohort.crossing()
         kv = self.kv_cache
@@ -726,6 +739,8 @@ class Scheduler(abc.ABC):
             return None  # schedule_running() would preempt
         kv.num_free_blocks -= need
         cohort.ahead = 1
+        if waits and not self.admits_before_running and self.admits_head(n):
+            return None
         return cohort
 
     def _schedule_around(
