@@ -662,7 +662,12 @@ class Scheduler(abc.ABC):
         """Let the running decodes outside the cohort join it; return (position, request)
         of the running requests still outside."""
         loose: list[tuple[int, Request]] = []
-        outside = [(i, r) for i, r in enumerate(self.running) if r._group is not cohort]
+        running = self.running
+        # Every member runs, so len(running) - cohort.n requests are outside; they are
+        # usually the newest, at the end: look there first.
+        outside = [(i, running[i]) for i in range(cohort.n, len(running))]
+        if any(r._group is cohort for _, r in outside):
+            outside = [(i, r) for i, r in enumerate(running) if r._group is not cohort]
         for i, request in outside:
             # (a request with keyed blocks left to compute registers them on its own)
             if cohort.can_join(request) and (self._prefix is None or self._prefix.settled(request)):
