@@ -47,7 +47,9 @@ class StretchPlan:
         """Iterations logged (the stretch's first iteration index)."""
         return self.log.num_rows
 
-    def add_runs(self, runs: list[tuple], kv_cache_usage: Any) -> None:
+    def add_runs(
+        self, runs: list[tuple], kv_cache_usage: Any, num_steps: int | None = None
+    ) -> None:
         self._items.append((runs, kv_cache_usage))
 
     def extend(self, values: tuple, n: int, kv_cache_usage: Any) -> None:

@@ -57,6 +57,8 @@ _WINDOWED_MAX_STEPS = 1024
 """Longest stretch of a sliding-window model (its KV usage is computed per request and step)."""
 _FIRST_CHUNK = 32
 """Decode steps priced in the first vectorized call of a windowed stretch (then 4x more)."""
+_new_shape = tuple.__new__
+"""Builds a :class:`BatchShape` of all its fields without its Python-level ``__new__``."""
 
 
 def stretches_allowed(policy: type[Scheduler]) -> bool:
@@ -174,7 +176,9 @@ class IterationSink(Protocol):
     @property
     def num_rows(self) -> int: ...
 
-    def add_runs(self, runs: list[tuple], kv_cache_usage: Any) -> None: ...
+    def add_runs(
+        self, runs: list[tuple], kv_cache_usage: Any, num_steps: int | None = None
+    ) -> None: ...
 
     def extend(self, values: tuple, n: int, kv_cache_usage: Any) -> None: ...
 
@@ -194,7 +198,7 @@ class StretchRunner:
             slopes.compute_time - slopes.memory_time,
         )
         self._deltas: dict[int, tuple[float, float, float, float]] = {}  # per decode rows
-        self._pure_rows: dict[tuple[int, int], tuple] = {}  # drain(): batch rows per size
+        self._pure_rows: dict[tuple[int, int], tuple[float, tuple]] = {}  # drain(): CPU, row
 
     def run(self, output: SchedulerOutput, now: float, num_steps: int, event: float) -> StepTimes:
         """Run up to ``num_steps`` iterations of the decode-only ``output`` from ``now``;
@@ -286,6 +290,8 @@ class StretchRunner:
         on_step = engine.on_step
         graph_max = engine.options.cuda_graph_max_batch_size
         rows = self._pure_rows
+        leave = engine.request_log.add  # Engine._left of an engine that drains
+        first = log.num_rows
         while now < event:
             cohort = scheduler._cohort_iteration()
             if cohort is None:
@@ -294,23 +300,24 @@ class StretchRunner:
                 on_step(engine)
             n = cohort.n
             kv_read = cohort.context_tokens()
-            shape = BatchShape(n, 0, n, 0, n, kv_read, kv_read + n, 0)
+            shape = _new_shape(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0))
             if graph_max:
                 shape = cuda_graph_padded(shape, graph_max)
-            cpu = engine.cpu_time(n)
             key = (n, shape.num_padding_tokens)
-            row = rows.get(key)
-            if row is None:  # the row of schedule()'s output of the cohort alone
+            cpu_row = rows.get(key)
+            if cpu_row is None:  # the row of schedule()'s output of the cohort alone
+                cpu = engine.cpu_time(n)
                 output = SchedulerOutput(running, [1] * n, shape, 0, n, n, n)
-                row = rows[key] = engine.batch_row(output, cpu)
+                cpu_row = rows[key] = (cpu, engine.batch_row(output, cpu))
+            cpu, row = cpu_row
             steps = cohort_repeat(kv, cohort, 1 << 62)
-            first = log.num_rows
             runs, done, end = self._price_runs(shape, cpu, row, now, steps, event)
-            log.add_runs(runs, kv.usage_ramp(cohort.offsets()))
+            log.add_runs(runs, kv.usage_ramp(cohort.offsets()), done)
             finished = scheduler._advance_cohort(cohort, first, done, end, running)
+            first += done
             engine._last_end = now = end
             for request in finished:
-                engine._left(request, end)
+                leave(request)
         return now
 
     def _run_chunks(

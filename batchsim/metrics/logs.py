@@ -432,11 +432,18 @@ class IterationLog:
         self._runs.append(run)
         self._usage.append((kv_cache_usage,))
 
-    def add_runs(self, runs: list[tuple], kv_cache_usage: np.ndarray | float) -> None:
-        """Consecutive runs, in order, and the usage of each of their iterations."""
+    def add_runs(
+        self,
+        runs: list[tuple],
+        kv_cache_usage: np.ndarray | float | UsageRamp,
+        num_steps: int | None = None,
+    ) -> None:
+        """Consecutive runs, in order, and the usage of each of their iterations
+        (``num_steps``: their iterations, if the caller knows)."""
         for run in runs:
             self._runs.append(run)
-        num_steps = sum(r[1] for r in runs)
+        if num_steps is None:
+            num_steps = sum(r[1] for r in runs)
         if isinstance(kv_cache_usage, UsageRamp):
             self._usage.extend_ramp(kv_cache_usage, num_steps)
         else:
