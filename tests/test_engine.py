@@ -437,16 +437,36 @@ def test_decode_stretches_run_on_through_completions_exactly(scheduler, engine):
     assert_same_run(fast, slow)
 
 
-def test_chunked_prefill_fast_forwards_while_the_waiting_head_does_not_fit_its_chunk():
-    # Every request arrives at once and the KV cache holds only a few of them: the running
-    # decodes leave 500 tokens of the budget, and the waiting head's chunk of its prompt does
-    # not fit the free blocks (one token would). The next iterations are the same decodes
-    # (free blocks only shrink during a stretch), and after a request finishes, the same
-    # without it while the head still does not fit: they are advanced many at a time, with
-    # the same results as stepping.
-    workload = offline(30, fixed(400), fixed(300))
-    scheduler = {"policy": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 512}
-    engine = {"num_gpu_blocks": 120}
+@pytest.mark.parametrize(
+    ("workload", "scheduler", "engine"),
+    [
+        # The KV cache holds only a few of the requests: the waiting head's chunk of its
+        # prompt (the 500 tokens the decodes leave of the budget) does not fit the free
+        # blocks, though one token would.
+        (
+            offline(30, fixed(400), fixed(300)),
+            {"policy": "chunked_prefill", "max_num_batched_tokens": 512},
+            {"num_gpu_blocks": 120},
+        ),
+        # Mixed iterations: once 33 decodes run, a 480-token prompt no longer fits the 479
+        # tokens they leave of the 512-token budget, however free the KV cache is.
+        (
+            offline(60, fixed(480), uniform(150, 400)),
+            {"policy": "continuous", "mix_prefill_decode": True, "max_num_batched_tokens": 512},
+            {},
+        ),
+    ],
+    ids=["chunk-over-kv", "prompt-over-budget"],
+)
+def test_decodes_fast_forward_while_the_waiting_head_would_not_be_admitted(
+    workload, scheduler, engine
+):
+    # Every request arrives at once and the waiting ones cannot be admitted (see above). The
+    # next iterations are the same decodes (free blocks only shrink during a stretch, and
+    # what the batch leaves of the budget stays), and after a request finishes, the same
+    # without it while the head still would not be admitted: they are advanced many at a
+    # time, with the same results as stepping.
+    scheduler = {"max_num_seqs": 64, **scheduler}
     passes = []
     schedule = Scheduler.schedule_iteration
 
@@ -457,33 +477,6 @@ def test_chunked_prefill_fast_forwards_while_the_waiting_head_does_not_fit_its_c
     with mock.patch.object(Scheduler, "schedule_iteration", spy):
         fast = sim(experiment(workload, scheduler, engine))
     slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
-    # a pass of the engine loop per few dozen iterations, nearly all with requests waiting
-    assert 5 * len(passes) < len(fast.iterations) and sum(passes) > 0.9 * len(passes)
-    assert_same_run(fast, slow)
-
-
-def test_mixed_continuous_fast_forwards_while_the_waiting_prompt_exceeds_the_budget_left():
-    # Mixed iterations: once 33 decodes run, a 480-token prompt no longer fits the 479 tokens
-    # they leave of the 512-token budget, so the waiting requests wait for a decode to finish
-    # however free the KV cache is. The decodes until then are advanced many at a time, with
-    # the same results as stepping.
-    workload = offline(60, fixed(480), uniform(150, 400))
-    scheduler = {
-        "policy": "continuous",
-        "mix_prefill_decode": True,
-        "max_num_seqs": 64,
-        "max_num_batched_tokens": 512,
-    }
-    passes = []
-    schedule = Scheduler.schedule_iteration
-
-    def spy(scheduler: Scheduler, now: float) -> Any:
-        passes.append(bool(scheduler.waiting))
-        return schedule(scheduler, now)
-
-    with mock.patch.object(Scheduler, "schedule_iteration", spy):
-        fast = sim(experiment(workload, scheduler))
-    slow = sim(experiment(workload, scheduler, {"fast_forward": False}))
     # a pass of the engine loop per few dozen iterations, nearly all with requests waiting
     assert 5 * len(passes) < len(fast.iterations) and sum(passes) > 0.9 * len(passes)
     assert_same_run(fast, slow)
