@@ -36,6 +36,9 @@ Rules, each tested:
 - **Decode stretches.** For a policy that opts in, a decode-only batch that would repeat is
   advanced over many iterations in one timeout, cut at the next arrival, cancellation or
   timer (:mod:`batchsim.engine.stretch`); so are chunked prefill's chunks of one prompt.
+  For the built-in continuous and chunked-prefill policies, after a pass, the running
+  decodes then run on stretch after stretch through their requests' last tokens while no
+  waiting request would be admitted and nothing is due (:attr:`Engine.drains`).
   ``fast_forward=False`` runs them one at a time (same results).
 - **Replicas.** With a :class:`~batchsim.engine.dispatch.ReplicaLink`, the engine is one
   replica of a cluster: its arrivals are the requests a router sends it, it shares the
