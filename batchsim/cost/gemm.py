@@ -75,6 +75,7 @@ class GemmPricing:
     __slots__ = (
         "_cache",
         "_peak_sm",
+        "_row_tiling",
         "bandwidth",
         "ideal",
         "min_kernel_time",
@@ -112,14 +113,23 @@ class GemmPricing:
         )
         self._peak_sm = peak / num_sms
         self._cache: dict[tuple, float] = {}
+        self._row_tiling: dict[float, tuple[float, tuple[int, ...]]] = {}
 
     def compute_time(self, rows: float, k: int, n: int, groups: float) -> float:
         """Tile- and wave-quantized compute time of ``groups`` GEMMs of rows x k x n, s.
 
         The rows count only through the tile height and the tiles they fill, so the time is
         cached per those (prefills of nearby lengths share it)."""
-        cap = min(max(_pow2ceil(rows), MIN_TILE_M), self.tiles[0][0])
-        heights = tuple(math.ceil(rows / (tm0 if tm0 < cap else cap)) for tm0, _ in self.tiles)
+        tiling = self._row_tiling.get(rows)
+        if tiling is None:  # (the GEMMs of an iteration share its rows: once per row count)
+            cap = min(max(_pow2ceil(rows), MIN_TILE_M), self.tiles[0][0])
+            heights = tuple(
+                [math.ceil(rows / (tm0 if tm0 < cap else cap)) for tm0, _ in self.tiles]
+            )
+            tiling = (cap, heights)
+            if len(self._row_tiling) < _CACHE_LIMIT:
+                self._row_tiling[rows] = tiling
+        cap, heights = tiling
         key = (k, n, groups, cap, heights)
         cached = self._cache.get(key)
         if cached is not None:
