@@ -107,10 +107,11 @@ class Scheduler(abc.ABC):
 
     drains_cohort: ClassVar[bool] = False
     """Declared (not inherited) by a built-in policy whose :meth:`schedule` runs its running
-    requests first (:meth:`_schedule_running_batch`) and then fills the budget from the
-    waiting queue, with no timer and :meth:`policy_max_repeat` unbounded when nothing waits:
-    its next iteration is then :meth:`_cohort_iteration`, and the engine runs its decode
-    stretches on through their members' last tokens."""
+    requests first (:meth:`_schedule_running_batch`, or after its admissions, see
+    :attr:`admits_before_running`) and fills the budget from the waiting queue, FCFS, with no
+    timer and :meth:`policy_max_repeat` unbounded while the head of the queue would not be
+    admitted (:meth:`admits_head`): its next iteration is then :meth:`_cohort_iteration`,
+    and the engine runs its decode stretches on through their members' last tokens."""
 
     def __init__(
         self,
