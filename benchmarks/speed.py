@@ -65,6 +65,9 @@ TARGET_WALL_S = 1.0
 TARGET_SIMULATE_S = 0.5
 TARGET_PEAK_MB = 500.0
 TARGET_BATCH_RATIO = 2.0
+TARGET_AZURE_S = 1.5
+TARGET_MILLION_S = 60.0
+TARGET_MILLION_MB = 1000.0
 
 
 def workload_a(num_requests: int = 10_000) -> dict[str, Any]:
@@ -559,6 +562,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"target (b): {policy} / continuous <= 1.2: {ratio:.2f} "
                 f"{'ok' if ratio <= 1.2 else 'MISSED'}"
             )
+    azure = next((r for r in rows if r["case"].startswith("c:") and "cli_s" in r), None)
+    if azure:
+        ok = azure["cli_s"] <= TARGET_AZURE_S
+        print(
+            f"target (c): batchsim run <= {TARGET_AZURE_S:g} s: {azure['cli_s']:.2f} s "
+            f"{'ok' if ok else 'MISSED'}"
+        )
+    million = next((r for r in rows if r["case"].startswith("d:") and "cli_s" in r), None)
+    if million:
+        ok_sim = million["simulate_s"] <= TARGET_MILLION_S
+        peak = max(million["simulate_peak_mb"], million["cli_peak_mb"])
+        ok_mem = peak <= TARGET_MILLION_MB
+        print(
+            f"target (d): simulate() <= {TARGET_MILLION_S:g} s: {million['simulate_s']:.1f} s "
+            f"{'ok' if ok_sim else 'MISSED'} (batchsim run {million['cli_s']:.1f} s); peak <= "
+            f"{TARGET_MILLION_MB:g} MB: {peak:.0f} MB {'ok' if ok_mem else 'MISSED'}"
+        )
     loops = [r for r in rows if r["case"].startswith("e:") and "iter_per_s" in r]
     if len(loops) == 2:
         ratio = loops[0]["iter_per_s"] / loops[1]["iter_per_s"]
