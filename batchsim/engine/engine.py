@@ -573,7 +573,8 @@ class Engine:
                 # Sleep until the pass ends only if an arrival or a cancellation is due by then;
                 # otherwise nothing can happen meanwhile and the engine's own clock moves on
                 # alone (SimPy's catches up at the next sleep).
-                if times.end >= self._next_external_time():
+                external = self._next_external_time()
+                if times.end >= external:
                     yield env.timeout(max(0.0, times.end - env.now))
             else:  # a request routed here during a stretch cuts it short
                 times = yield from link.busy(times)
@@ -592,12 +593,12 @@ class Engine:
                 )
             for request in finished:
                 self._left(request, times.end)
-            if self.drains:
-                event = self._next_external_time()
-                if now < event:
-                    now = self.stretch.drain(now, event)
-                    if now >= event:  # its last stretch was cut there: sleep till it ends
-                        yield env.timeout(max(0.0, now - env.now))
+            # (an engine that drains has no link, and the update brought no arrival: the next
+            # external event is the one found above)
+            if self.drains and now < external:
+                now = self.stretch.drain(now, external)
+                if now >= external:  # its last stretch was cut there: sleep till it ends
+                    yield env.timeout(max(0.0, now - env.now))
             if link is not None:  # the router's turn first at this instant
                 turn = link.next_pass(now)
                 if turn is not None:

@@ -290,7 +290,6 @@ class StretchRunner:
         on_step = engine.on_step
         graph_max = engine.options.cuda_graph_max_batch_size
         rows = self._pure_rows
-        leave = engine.request_log.add  # Engine._left of an engine that drains
         first = log.num_rows
         while now < event:
             cohort = scheduler._cohort_iteration()
@@ -317,7 +316,7 @@ class StretchRunner:
             first += done
             engine._last_end = now = end
             for request in finished:
-                leave(request)
+                engine._left(request, end)
         return now
 
     def _run_chunks(

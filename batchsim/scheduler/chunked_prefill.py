@@ -56,6 +56,6 @@ class ChunkedPrefillScheduler(Scheduler):
         # get what the batch leaves of the budget, as now: if its chunk does not fit the KV
         # cache now, it does not later in the stretch either (free blocks never grow during
         # a stretch, and the batch, hence what it leaves, stays the same).
-        if not self.waiting or self.swapped or len(self.running) >= self.max_num_seqs:
-            return 1 << 62
-        return 1 if self.admits_head(sum(output.num_scheduled_tokens)) else 1 << 62
+        if self._head_may_join() and self.admits_head(sum(output.num_scheduled_tokens)):
+            return 1
+        return 1 << 62

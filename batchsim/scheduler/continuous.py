@@ -104,9 +104,9 @@ class ContinuousScheduler(Scheduler):
         # A waiting request that could be admitted would change the next iteration. It is
         # asked with the budget schedule() would give it (mixed: what the batch leaves), and
         # free blocks never grow during a stretch: if it does not fit now, it does not later.
-        if not self.waiting or self.swapped or len(self.running) >= self.max_num_seqs:
-            return 1 << 62
-        return 1 if self.admits_head(sum(output.num_scheduled_tokens)) else 1 << 62
+        if self._head_may_join() and self.admits_head(sum(output.num_scheduled_tokens)):
+            return 1
+        return 1 << 62
 
     def admits_head(self, running_tokens: int) -> bool:
         # whole prompts, FCFS, the first one over budget if it could never fit otherwise;

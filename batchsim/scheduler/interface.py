@@ -712,9 +712,16 @@ class Scheduler(abc.ABC):
 
     def admits_head(self, running_tokens: int) -> bool:
         """With :attr:`drains_cohort`: whether :meth:`schedule` would admit the head of the
-        waiting queue into an iteration whose running requests take ``running_tokens`` of
-        the budget, given the KV blocks free when it would try (True: it might)."""
-        return bool(self.waiting)
+        waiting queue (there is one, a batch slot is free and nothing is swapped out) into an
+        iteration whose running requests take ``running_tokens`` of the budget, given the KV
+        blocks free when it would try (True: it might)."""
+        return True
+
+    def _head_may_join(self) -> bool:
+        """A waiting request could join the next iteration as far as the queues go: one
+        waits, a batch slot is free and no swapped-out request resumes first (whether it
+        fits the budget and the KV cache is :meth:`admits_head`)."""
+        return bool(self.waiting) and not self.swapped and len(self.running) < self.max_num_seqs
 
     def _cohort_iteration(self) -> Cohort | None:
         """The next iteration of a policy that :attr:`drains_cohort`, when that is the whole
@@ -736,7 +743,7 @@ class Scheduler(abc.ABC):
             or (cohort.n != n and self._promote(cohort))
         ):
             return None
-        waits = self.waiting and n < self.max_num_seqs
+        waits = self._head_may_join()
         if waits and self.admits_before_running and self.admits_head(n):
             return None
         need = 0 if cohort.ahead else cohort.crossing()
