@@ -64,7 +64,7 @@ from batchsim.metrics.replicas import (
 )
 from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
-from batchsim.metrics.writers import _jsonable, write_csv, write_parquet
+from batchsim.metrics.writers import TableStream, _jsonable, write_csv, write_parquet
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.registry import load_policy
 from batchsim.scheduler.speculative import (
@@ -137,6 +137,9 @@ class Result:
     replica_columns: Columns | None = None
     """``replicas.csv`` as numpy columns: one row per replica of a cluster (``cluster:``)."""
     warnings: list[str] = field(default_factory=list)
+    staged: StagedOutput | None = field(default=None, repr=False, compare=False)
+    """Where :meth:`write` puts the files first when it writes to ``staged.target`` (made
+    before the run, maybe holding the iterations table written during it)."""
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -262,9 +265,10 @@ class Result:
         self._write(Path(out_dir), names)
 
     def _write(self, target: Path, names: Sequence[str] = OUTPUT_FILES) -> None:
-        created = _make_dirs(target.parent)
-        into_existing = target.is_dir()
-        staging = _make_staging_dir(target if into_existing else target.parent)
+        staged = self.staged
+        if staged is None or staged.target != target or not staged.open:
+            staged = StagedOutput(target)
+        self.staged = None  # consumed: committed or discarded below
         writers: dict[str, Callable[[Path], object]] = {
             "summary.json": lambda path: path.write_text(
                 summary_json(self.summary), encoding="utf-8"
@@ -278,8 +282,11 @@ class Result:
             "replicas": (lambda: [self.replica_columns or {}], self.replica_column_names),
         }
         try:
+            streamed = staged.finish_streams()
             for name in names:
-                path = staging / name
+                if name in streamed:
+                    continue
+                path = staged.dir / name
                 if name in writers:
                     writers[name](path)
                     continue
@@ -289,18 +296,89 @@ class Result:
                     write_csv(rows(), columns, path)
                 else:
                     write_parquet(rows(), columns, path)
-            if into_existing:
-                # the summary last: a folder whose summary is new holds all the new files
-                for name in sorted(names, key=lambda n: n == "summary.json"):
-                    os.replace(staging / name, target / name)
-            else:
-                os.rename(staging, target)
-            created = []
+            staged.commit(names)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            for directory in reversed(created):
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
+            staged.discard()
+
+
+class StagedOutput:
+    """The hidden temporary directory a run's output files are written into before they are
+    moved into ``target`` together (into ``target`` if it exists, else beside it; missing
+    parents are created, and removed again if nothing is committed).
+
+    Made before the run (``batchsim run``), it lets the iterations table be written while the
+    engine runs (:meth:`stream_iterations`); :meth:`Result.write` to the same ``target`` then
+    completes it. :meth:`discard` removes what was not committed.
+
+    Raises:
+        OSError: The directory could not be made.
+    """
+
+    def __init__(self, target: Path):
+        self.target = target
+        self._created = _make_dirs(target.parent)
+        try:
+            self.into_existing = target.is_dir()
+            self.dir = _make_staging_dir(target if self.into_existing else target.parent)
+        except BaseException:
+            self._remove_created()
+            raise
+        self.open = True
+        self._streams: dict[str, TableStream] = {}
+
+    def stream_iterations(self, config: ExperimentConfig, log: IterationLog) -> bool:
+        """Write ``log`` into the iterations table while it is logged, if that is the table
+        the run writes (all iterations, one engine); whether it is streamed."""
+        output = config.output
+        if config.cluster is not None or output.iterations != "all" or self._streams:
+            return False
+        name = f"iterations.{output.format}"
+        stream = TableStream(self.dir / name, ITERATION_COLUMNS, output.format)
+        self._streams[name] = stream
+        target = self.target
+
+        def add(columns: Columns) -> None:
+            try:
+                stream.add(columns)
+            except OSError as exc:  # a write in the background failed: stop the run
+                raise write_error(target, exc) from exc
+
+        log.stream_to(add, stream.rows)
+        return True
+
+    def finish_streams(self) -> set[str]:
+        """Wait for the streamed tables to be written and close them; their names."""
+        for stream in self._streams.values():
+            stream.close()
+        return set(self._streams)
+
+    def commit(self, names: Sequence[str]) -> None:
+        """Move the files ``names`` (all written) into the target."""
+        if self.into_existing:
+            # the summary last: a folder whose summary is new holds all the new files
+            for name in sorted(names, key=lambda n: n == "summary.json"):
+                os.replace(self.dir / name, self.target / name)
+        else:
+            os.rename(self.dir, self.target)
+        self._created = []
+        self.open = False
+
+    def discard(self) -> None:
+        """Remove the temporary directory and what it holds, and the parents made for it (a
+        no-op after :meth:`commit`, apart from an emptied directory)."""
+        for stream in self._streams.values():
+            with contextlib.suppress(OSError):
+                stream.abort()
+        self._streams.clear()
+        self.open = False
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        for directory in reversed(self._created):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        self._created = []
 
 
 def _with_replica(columns: list[str], after: str, cluster: bool) -> list[str]:
@@ -673,6 +751,7 @@ def simulate(
     base_dir: Path | None = None,
     progress: RunProgress | None = None,
     hardware: HardwareProfile | None = None,
+    staged: StagedOutput | None = None,
 ) -> Result:
     """Run one validated experiment and return its :class:`Result`.
 
@@ -682,12 +761,17 @@ def simulate(
         progress: A progress line to keep up to date (``batchsim run`` on a terminal).
         hardware: Use this profile instead of loading ``config.hardware`` (a single engine:
             the replicas of a ``cluster:`` load their own).
+        staged: Where the result will be written (:meth:`Result.write` to its target): the
+            iterations table is written there while the engine runs, when it can be
+            (:meth:`StagedOutput.stream_iterations`). The caller discards it in the end.
     """
     wall_start = time.perf_counter()
     if config.cluster is not None:
         if hardware is not None:
             raise ConfigError("simulate(hardware=...) applies to one engine, not a cluster:")
-        return _simulate_cluster(config, base_dir, progress, wall_start)
+        result = _simulate_cluster(config, base_dir, progress, wall_start)
+        result.staged = staged
+        return result
     setup = build(config, hardware)
     table = generate(config.workload, config.seed, base_dir)
     policy_cls = load_policy(config.scheduler.policy)
@@ -697,7 +781,10 @@ def simulate(
         engine = PipelineEngine(scheduler, setup.pipeline, table, options, on_step=progress)
     else:
         engine = Engine(scheduler, setup.cost_model, table, options, on_step=progress)
+    if staged is not None:
+        staged.stream_iterations(config, engine.iterations)
     engine.run()
+    engine.iterations.end_stream()
     bubble = engine.bubble_fraction if isinstance(engine, PipelineEngine) else 0.0
     assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
     if progress is not None:
@@ -731,7 +818,14 @@ def simulate(
     if setup.hardware.calibrated_range is not None:
         warnings = range_warnings(setup, iterations, requests)
     return Result(
-        summary, config, requests, iterations, notes, slot_columns=slots, warnings=warnings
+        summary,
+        config,
+        requests,
+        iterations,
+        notes,
+        slot_columns=slots,
+        warnings=warnings,
+        staged=staged,
     )
 
 

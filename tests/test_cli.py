@@ -23,6 +23,7 @@ import yaml
 
 from batchsim import cli
 from batchsim.catalog import catalog_names
+from batchsim.metrics.logs import IterationLog
 from batchsim.scheduler.registry import POLICIES
 from conftest import SUMMARY_KEYS
 
@@ -768,6 +769,34 @@ def test_disk_full_while_writing_exits_2_and_keeps_the_previous_run(
     new = tmp_path / "new" / "deeper"
     assert_bad_input(cli.main([*argv[:3], str(new)]), capsys, ["No space left on device"])
     assert {p.name for p in tmp_path.iterdir()} == {"exp.yaml", "out"}
+
+
+@pytest.mark.parametrize("when", ["during the run", "at its end"])
+def test_disk_full_while_streaming_the_iterations_exits_2_and_keeps_the_previous_run(
+    when, tmp_path, exp, monkeypatch, capsys
+):
+    # batchsim run writes iterations.csv while the engine runs, in a background thread
+    out = tmp_path / "out"
+    assert cli.main(["run", str(exp), "-o", str(out)]) == 0
+    previous = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    from batchsim.metrics import writers
+
+    if when == "during the run":  # tables of 8 rows: the first write fails mid-run
+        monkeypatch.setattr(writers, "_CSV_ROWS", 4)
+    ended = []
+    real_end = IterationLog.end_stream
+    monkeypatch.setattr(IterationLog, "end_stream", lambda log: ended.append(1) or real_end(log))
+
+    def disk_full(batch: Any, header: bool) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writers, "_csv_text", disk_full)
+    line = assert_bad_input(cli.main(["run", str(exp), "-o", str(out)]), capsys, [])
+    assert line == f"batchsim: error: cannot write {out}: [Errno 28] No space left on device"
+    assert ended == ([] if when == "during the run" else [1])  # the run stopped at once
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == previous
+    assert hidden_leftovers(tmp_path, out) == []
 
 
 USER_FILES = {"config.yaml": "my own notes\n", "summary.json": '{"completed": 3}\n'}

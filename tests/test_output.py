@@ -15,6 +15,7 @@ from unittest import mock
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -24,7 +25,7 @@ import batchsim
 from batchsim import cli, progress
 from batchsim.config import load_experiment
 from batchsim.errors import ConfigError
-from batchsim.metrics import logs
+from batchsim.metrics import logs, writers
 from batchsim.metrics.logs import ChunkedColumns, sample_rows
 from batchsim.plots import PlotOptions, figure
 from batchsim.plots.data import load
@@ -545,6 +546,67 @@ def check_stored_column(kind: str, dtype: str, n: int, seed: int) -> None:
     np.testing.assert_array_equal(got.view(bits), values.view(bits))
     lo, hi = sorted(rng.integers(0, n + 1, 2))
     np.testing.assert_array_equal(store.column("x", lo, hi).view(bits), values[lo:hi].view(bits))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=40))
+def test_distinct_counts_values_as_numpy_unique_does(values):
+    bits = np.array(values, dtype=np.uint64)
+    assert logs._distinct(bits) == len(np.unique(bits))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_run_writes_the_iterations_while_it_runs_into_the_same_file_as_afterwards(
+    fmt, tmp_path, monkeypatch
+):
+    # batchsim run hands the iterations table on while the engine logs it: tables of about
+    # 8 rows here (cut between runs of iterations, the last ones at the end), formatted and
+    # written in a background thread; Result.write of the same run writes it all at once
+    monkeypatch.setattr(writers, "_CSV_ROWS", 4)
+    monkeypatch.setattr(writers, "_BATCH_ROWS", 8)
+    handed: list[int] = []
+    real_add = writers.TableStream.add
+
+    def add(stream: writers.TableStream, columns: dict[str, Any]) -> None:
+        handed.append(len(columns["iteration"]))
+        real_add(stream, columns)
+
+    monkeypatch.setattr(writers.TableStream, "add", add)
+    during: list[int] = []
+    real_end = logs.IterationLog.end_stream
+    monkeypatch.setattr(
+        logs.IterationLog, "end_stream", lambda log: during.append(len(handed)) or real_end(log)
+    )
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text(yaml.safe_dump(EXPERIMENT), encoding="utf-8")
+    streamed = tmp_path / "streamed"
+    with mock.patch("sys.stdout", io.StringIO()):
+        assert cli.main(["run", str(experiment), "-o", str(streamed), "--format", fmt]) == 0
+    at_once = tmp_path / "at-once"
+    result = simulate(load_experiment(experiment, {"output.format": fmt}))
+    assert result.staged is None
+    result.write(at_once)
+    rows = result.summary["num_iterations"]
+    assert sum(handed) == rows and during[0] > 10  # most of them during the run
+    assert (
+        names(streamed)
+        == names(at_once)
+        == {
+            "summary.json",
+            f"requests.{fmt}",
+            f"iterations.{fmt}",
+            "slots." + fmt,
+            "config.yaml",
+        }
+    )
+    assert names(tmp_path) == {"exp.yaml", "streamed", "at-once"}  # no temporary folder left
+    for table in ("iterations", "requests"):
+        a, b = (d / f"{table}.{fmt}" for d in (streamed, at_once))
+        if fmt == "csv":
+            assert a.read_bytes() == b.read_bytes()
+        else:
+            frames = [pq.read_table(path).to_pandas() for path in (a, b)]
+            pd.testing.assert_frame_equal(*frames, check_exact=True)
 
 
 def test_the_summary_is_the_same_when_the_log_hands_its_token_runs_over(monkeypatch):

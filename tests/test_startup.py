@@ -151,3 +151,28 @@ def test_the_api_names_in_this_process():
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         batchsim.no_such_name  # noqa: B018
     assert not hasattr(batchsim, "no_such_name")
+
+
+@pytest.mark.parametrize("preset", [None, "logfire"])
+def test_the_command_turns_pydantic_plugins_off_unless_told_otherwise(preset, tmp_path):
+    # looking the plugins up reads every installed package's metadata (~25 ms of a run)
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    if preset is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = preset
+    code = """
+        import os, sys
+        from batchsim import cli
+        cli.main = lambda: print(os.environ.get("PYDANTIC_DISABLE_PLUGINS")) or 0
+        sys.exit(cli.console_main())
+    """
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [PACKAGE_PARENT, env.get("PYTHONPATH")] if p)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (preset or "__all__")

@@ -13,7 +13,7 @@ This module imports no simpy and no scheduler policy.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -329,7 +329,7 @@ def _pack(column: np.ndarray) -> Any:
                 if np.dtype(dtype).itemsize < column.dtype.itemsize:
                     narrow = column.astype(dtype)
                 break
-    if narrow.dtype.itemsize == 1 or len(np.unique(bits[:_SAMPLE_ROWS])) > _SAMPLE_ROWS * 7 // 8:
+    if narrow.dtype.itemsize == 1 or _distinct(bits[:_SAMPLE_ROWS]) > _SAMPLE_ROWS * 7 // 8:
         return narrow  # (nearly) all distinct
     values, codes = np.unique(bits, return_inverse=True)
     code_type = np.uint8 if len(values) <= 256 else np.uint16
@@ -340,6 +340,15 @@ def _pack(column: np.ndarray) -> Any:
     ):
         return narrow
     return _Dictionary(codes.astype(code_type), values.view(column.dtype))
+
+
+def _distinct(values: np.ndarray) -> int:
+    """How many distinct values (``len(np.unique(values))``, which would import numpy.ma
+    into every run, ~7 ms)."""
+    if not len(values):
+        return 0
+    ordered = np.sort(values)
+    return 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))
 
 
 def _unpack(part: Any, lo: int, hi: int, dtype: np.dtype) -> np.ndarray:
@@ -399,6 +408,10 @@ class IterationLog:
         extra = {"replica": "i4"} if with_replica else {}
         self._runs = ChunkedColumns({**RUN_COLUMNS, **BATCH_COLUMNS, **extra})
         self._usage = ChunkedColumns({"kv_cache_usage": "f4"})
+        self._sink: Callable[[Columns], None] | None = None
+        self._stream_rows = 0
+        self._streamed = (0, 0)  # (runs, iterations) handed to the sink
+        self._stream_at = 0  # iterations logged when the sink gets the next ones
 
     @classmethod
     def concatenate(cls, logs: Sequence[IterationLog]) -> IterationLog:
@@ -431,6 +444,8 @@ class IterationLog:
         ``num_steps`` 1."""
         self._runs.append(run)
         self._usage.append((kv_cache_usage,))
+        if self._sink is not None and self.num_rows >= self._stream_at:
+            self._stream()
 
     def add_runs(
         self,
@@ -448,6 +463,8 @@ class IterationLog:
             self._usage.extend_ramp(kv_cache_usage, num_steps)
         else:
             self._usage.extend((kv_cache_usage,), num_steps)
+        if self._sink is not None and self.num_rows >= self._stream_at:
+            self._stream()
 
     def last_gpu_time(self) -> float:
         """GPU time of the last iteration logged, s (there is one)."""
@@ -464,6 +481,38 @@ class IterationLog:
         array of length n or a scalar shared by all of them."""
         self._runs.extend(values, n)
         self._usage.extend((kv_cache_usage,), n)
+        if self._sink is not None and self.num_rows >= self._stream_at:
+            self._stream()
+
+    def stream_to(self, sink: Callable[[Columns], None], rows: int) -> None:
+        """Hand the iterations to ``sink`` while they are logged, about ``rows`` at a time, as
+        the tables :meth:`windows` yields (the same rows and values, cut elsewhere);
+        :meth:`end_stream` hands on the rest. The log keeps every iteration as before."""
+        assert self._sink is None, "the log is streamed already"
+        self._sink = sink
+        self._stream_rows = rows
+        self._stream_at = self.num_rows + rows
+
+    def _stream(self) -> None:
+        sink = self._sink
+        assert sink is not None
+        for window in self._windows(self._stream_rows, start=self._streamed):
+            sink(window.table())
+        self._streamed = (self._runs.num_rows, self.num_rows)
+        self._stream_at = self.num_rows + self._stream_rows
+
+    def end_stream(self) -> None:
+        """Hand the iterations not yet streamed to the sink (one empty table if the log has
+        none at all) and stop streaming."""
+        sink = self._sink
+        if sink is None:
+            return
+        if self.num_rows:
+            if self.num_rows > self._streamed[1]:
+                self._stream()
+        else:
+            sink(_Window.empty(self).table())
+        self._sink = None
 
     def windows(
         self, max_rows: int = _WINDOW_ROWS, rows: np.ndarray | None = None
@@ -485,14 +534,18 @@ class IterationLog:
             yield _Window.empty(self).table()
 
     def _windows(
-        self, max_rows: int = _WINDOW_ROWS, rows: np.ndarray | None = None
+        self,
+        max_rows: int = _WINDOW_ROWS,
+        rows: np.ndarray | None = None,
+        start: tuple[int, int] = (0, 0),
     ) -> Iterator[_Window]:
+        """Windows of whole runs (``start``: from this run, the first of this iteration)."""
         runs = self._runs
         num_runs = runs.num_rows
         if rows is not None:
             yield from self._sampled_windows(max_rows, rows)
             return
-        lo = row = 0
+        lo, row = start
         while lo < num_runs:
             steps = runs.column("num_steps", lo, min(num_runs, lo + max_rows)).astype(np.int64)
             ends = np.cumsum(steps)

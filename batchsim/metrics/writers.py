@@ -5,8 +5,12 @@ This module imports nothing from batchsim but :mod:`batchsim.metrics.logs`.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterable
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,25 @@ def _arrow_column(values: Any, empty_as_null: bool = False):
 
 
 _BATCH_ROWS = 1 << 18
-"""Rows converted and written at once."""
+"""Rows converted and written at once (Parquet: one row group)."""
+
+_CSV_ROWS = 1 << 15
+"""Rows of CSV formatted at once by one thread (~7 MB of text for an iteration table)."""
+
+
+def _csv_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _csv_text(batch: Any, header: bool) -> Any:
+    """A record batch as CSV text (a pyarrow buffer), with the header line or without."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    sink = pa.BufferOutputStream()
+    options = pa_csv.WriteOptions(quoting_style="needed", include_header=header)
+    pa_csv.write_csv(batch, sink, options)
+    return sink.getvalue()
 
 
 def write_csv(tables: Iterable[Columns], names: list[str], path: Path) -> None:
@@ -65,18 +87,114 @@ def write_csv(tables: Iterable[Columns], names: list[str], path: Path) -> None:
     faster than pandas).
 
     Rows go out in record batches of views on the numpy columns, so a run of millions of
-    iterations is written without a second copy of its table in memory.
+    iterations is written without a second copy of its table in memory. Formatting numbers
+    as text is most of the cost and pyarrow does it without the GIL: batches of
+    :data:`_CSV_ROWS` rows are formatted by up to four threads (one per core) and written in
+    order, a few at a time, so the file is the same as one writer's.
     """
-    import pyarrow.csv as pa_csv
+    batches = _record_batches(tables, names, path, _CSV_ROWS, empty_as_null=False)
+    batches = itertools.chain([next(batches)], batches)  # no table: no file
+    threads = _csv_threads()
+    with open(path, "wb") as out:
+        if threads == 1:
+            for i, batch in enumerate(batches):
+                out.write(_csv_text(batch, i == 0))
+            return
+        with ThreadPoolExecutor(threads, thread_name_prefix="batchsim-csv") as pool:
+            pending: deque[Any] = deque()
+            try:
+                for i, batch in enumerate(batches):
+                    pending.append(pool.submit(_csv_text, batch, i == 0))
+                    if len(pending) > threads:
+                        out.write(pending.popleft().result())
+                while pending:
+                    out.write(pending.popleft().result())
+            finally:
+                for future in pending:
+                    future.cancel()
 
-    options = pa_csv.WriteOptions(quoting_style="needed")
-    _write_batches(
-        tables,
-        names,
-        path,
-        lambda schema: pa_csv.CSVWriter(str(path), schema, write_options=options),
-        empty_as_null=False,
-    )
+
+class TableStream:
+    """One table written while its rows are still being produced (the iterations of a
+    ``batchsim run``): :meth:`add` turns a column table into record batches (views of the
+    numpy columns, cheap) and a background thread formats and writes them in order, the way
+    :func:`write_csv` or :func:`write_parquet` would write the same tables at once, while the
+    caller goes on. :meth:`close` waits for the last writes and closes the file.
+
+    At most a few tables wait to be written; :meth:`add` waits for the oldest beyond that.
+    An ``OSError`` of the background writes is raised by the next :meth:`add` or by
+    :meth:`close`; :meth:`abort` drops what waits and closes the file.
+
+    Args:
+        path: The file to create.
+        names: The columns to write, in order.
+        fmt: ``csv`` or ``parquet``.
+    """
+
+    _MAX_WAITING = 3
+
+    def __init__(self, path: Path, names: list[str], fmt: str):
+        if fmt not in ("csv", "parquet"):
+            raise ValueError(f"unknown table format {fmt!r}")
+        self.path = path
+        self.names = names
+        self.fmt = fmt
+        self.rows = _CSV_ROWS * 2 if fmt == "csv" else _BATCH_ROWS
+        """Rows worth handing to :meth:`add` at once."""
+        self._count = 0
+        self._out = open(path, "wb") if fmt == "csv" else None  # noqa: SIM115 (closed by close())
+        self._parquet: Any = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchsim-stream")
+        self._waiting: deque[Any] = deque()
+
+    def add(self, columns: Columns) -> None:
+        """Write ``columns`` (a table of :attr:`names`) after the tables added before; an empty
+        one only if it is the first (it carries the header or schema)."""
+        waiting = self._waiting
+        while waiting and waiting[0].done():
+            waiting.popleft().result()  # raises what the write raised
+        size = _CSV_ROWS if self.fmt == "csv" else _BATCH_ROWS
+        empty_as_null = self.fmt == "parquet"
+        for batch in _record_batches([columns], self.names, self.path, size, empty_as_null):
+            if self._count and not batch.num_rows:
+                continue
+            while len(waiting) >= self._MAX_WAITING:
+                waiting.popleft().result()
+            waiting.append(self._pool.submit(self._write, batch, not self._count))
+            self._count += 1
+
+    def _write(self, batch: Any, first: bool) -> None:  # in the background thread
+        if self._out is not None:
+            self._out.write(_csv_text(batch, first))
+            return
+        if self._parquet is None:
+            import pyarrow.parquet as pq
+
+            self._parquet = pq.ParquetWriter(str(self.path), batch.schema, compression="zstd")
+        self._parquet.write_batch(batch)
+
+    def close(self) -> None:
+        """Wait for the writes and close the file (raises what a write raised)."""
+        try:
+            while self._waiting:
+                self._waiting.popleft().result()
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the tables not yet written, wait for the one being written, close the file."""
+        for future in self._waiting:
+            future.cancel()
+        self._waiting.clear()
+        self._pool.shutdown(wait=True)
+        try:
+            if self._parquet is not None:
+                self._parquet.close()
+        finally:
+            self._parquet = None
+            if self._out is not None:
+                self._out.close()
+                self._out = None
 
 
 def write_parquet(tables: Iterable[Columns], names: list[str], path: Path) -> None:
@@ -88,41 +206,39 @@ def write_parquet(tables: Iterable[Columns], names: list[str], path: Path) -> No
     """
     import pyarrow.parquet as pq
 
-    _write_batches(
-        tables,
-        names,
-        path,
-        lambda schema: pq.ParquetWriter(str(path), schema, compression="zstd"),
-        empty_as_null=True,
-    )
-
-
-def _write_batches(
-    tables: Iterable[Columns],
-    names: list[str],
-    path: Path,
-    open_writer: Callable[[Any], Any],
-    empty_as_null: bool,
-) -> None:
-    import pyarrow as pa
-
     writer = None
     try:
-        for columns in tables:
-            num_rows = len(columns[names[0]])
-            for lo in range(0, max(num_rows, 1), _BATCH_ROWS):
-                hi = min(lo + _BATCH_ROWS, num_rows)
-                if writer is not None and hi <= lo:
-                    continue  # an empty table after the first: nothing to add
-                arrays = [_arrow_column(_rows_of(columns[n], lo, hi), empty_as_null) for n in names]
-                batch = pa.RecordBatch.from_arrays(arrays, names=names)
-                if writer is None:
-                    writer = open_writer(batch.schema)
-                writer.write_batch(batch)
+        for batch in _record_batches(tables, names, path, _BATCH_ROWS, empty_as_null=True):
+            if writer is None:
+                writer = pq.ParquetWriter(str(path), batch.schema, compression="zstd")
+            writer.write_batch(batch)
     finally:
         if writer is not None:
             writer.close()
-    if writer is None:
+
+
+def _record_batches(
+    tables: Iterable[Columns], names: list[str], path: Path, size: int, empty_as_null: bool
+) -> Iterator[Any]:
+    """Record batches of at most ``size`` rows over ``names`` of the tables, in order: the
+    first one even if empty (it carries the header or schema), no other empty one.
+
+    Raises:
+        ValueError: There is no table at all.
+    """
+    import pyarrow as pa
+
+    count = 0
+    for columns in tables:
+        num_rows = len(columns[names[0]])
+        for lo in range(0, max(num_rows, 1), size):
+            hi = min(lo + size, num_rows)
+            if count and hi <= lo:
+                continue  # an empty table after the first: nothing to add
+            arrays = [_arrow_column(_rows_of(columns[n], lo, hi), empty_as_null) for n in names]
+            count += 1
+            yield pa.RecordBatch.from_arrays(arrays, names=names)
+    if not count:
         raise ValueError(f"{path.name}: no table to write")
 
 
