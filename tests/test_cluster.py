@@ -529,9 +529,9 @@ def test_a_request_routed_during_a_stretch_cuts_it_at_the_next_iteration_end(
     cuts: list[float] = []
     cut = StretchPlan.cut
 
-    def counted(self: StretchPlan, time: float) -> float:
+    def counted(self: StretchPlan, time: float, *, passed: bool = False) -> float:
         cuts.append(time)
-        return cut(self, time)
+        return cut(self, time, passed=passed)
 
     monkeypatch.setattr(StretchPlan, "cut", counted)
     result = sim(data)

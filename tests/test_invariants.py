@@ -477,6 +477,28 @@ NEAR_ZERO_KV_WAIT = {
     },
 }
 
+# Closed loop, identical replicas: a cancellation in replica 1's pass at t makes a user send a
+# request at t, routed to replica 0, whose pass at t came first (passes go by index). Stepping,
+# it waits for replica 0's next iteration end (and its rejection for the next user's request);
+# replica 0 inside a stretch at t must not take it at t either.
+ROUTED_AFTER_ITS_PASS = {
+    "name": "tiny",
+    "seed": 8596,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {"policy": "static", "max_num_seqs": 1, "max_num_batched_tokens": 8},
+    "workload": {
+        "num_requests": 7,
+        "prompt_tokens": {"dist": "fixed", "value": 1},
+        "output_tokens": {"dist": "uniform", "min": 2, "max": 10},
+        "concurrency": 4,
+        "think_time_ms": {"dist": "fixed", "value": 0},
+        "cancel_after_ms": {"dist": "uniform", "min": 21.0, "max": 23.0},
+    },
+    "engine": {"num_gpu_blocks": 2, "block_size": 4, "fast_forward": False},
+    "cluster": {"replicas": 2, "router": "least_outstanding"},
+}
+
 # Closed loop: a request that one replica's last token releases reaches another replica at
 # the end of that replica's own iteration; the two clock values are an ulp apart on one path.
 # Async scheduling must take the new iteration as back to back on both paths.
@@ -557,6 +579,7 @@ CANCELLED_BEHIND_A_WAITER = {
 @example(CANCELLED_BEHIND_A_WAITER)
 @example(NEAR_ZERO_KV_WAIT)
 @example(ARRIVES_AT_ANOTHER_REPLICAS_END)
+@example(ROUTED_AFTER_ITS_PASS)
 def test_fast_forward_equals_stepping_on_clusters(data):
     # A stretch that a request routed to its replica cuts short, and what routers see of a
     # replica inside a stretch, must match stepping: the same routes, the same run. In a

@@ -217,6 +217,7 @@ class ReplicaLink:
         assert engine is not None
         scheduler = engine.scheduler
         self._idle = False
+        self.dispatcher.passed(now, self.index)
         self._pass_time = now
         self._pass_left = self.num_left
         self._pass_running = len(scheduler.running)
@@ -282,7 +283,12 @@ class ReplicaLink:
         if self._busy:  # a stretch is cut; a single iteration runs to its end
             if self._busy_with_plan and time < sleeper.until:
                 assert self.plan is not None
-                sleeper.wake_at(self.plan.cut(time))
+                # Stepping, this replica would have had its pass at `time` already if a
+                # replica after it in index order has had its own (a request sent by a
+                # rejection or cancellation in that pass): then the request waits for the
+                # next iteration's end, as it would.
+                passed = self.dispatcher.passes_done_at(time) >= self.index
+                sleeper.wake_at(self.plan.cut(time, passed=passed))
         else:  # idle, or waiting for its pass at this instant (then nothing changes)
             sleeper.wake_at(time)
 
@@ -387,6 +393,21 @@ class Dispatcher:
         self.stamp = 0
         """Counts routing decisions (views compute their state once per decision)."""
         self._input_ended = False
+        self._pass_time = -math.inf
+        self._pass_index = -1
+
+    def passed(self, now: float, index: int) -> None:
+        """Replica ``index`` begins a pass at ``now``."""
+        if now != self._pass_time:
+            self._pass_time, self._pass_index = now, index
+        elif index > self._pass_index:
+            self._pass_index = index
+
+    def passes_done_at(self, now: float) -> int:
+        """The highest index of a replica that began a pass at ``now`` (-1: none yet). The
+        replicas' passes at one instant run in index order (step 3 of the same-instant
+        rule), so every replica up to it has had its pass at ``now``, if it had one."""
+        return self._pass_index if now == self._pass_time else -1
 
     def add_replicas(self, hardware: Sequence[tuple[str, int]]) -> list[ReplicaLink]:
         """One link per replica, given as (hardware name, tensor parallel size)."""

@@ -98,10 +98,10 @@ class StretchPlan:
         """KV usage during the iteration under way at ``time`` (or just ended at it)."""
         return self._find(time)[2]
 
-    def cut(self, time: float) -> float:
-        """Stop the stretch at the first iteration that ends at or after ``time``; return
-        when it ends."""
-        index, end, _ = self._find(time)
+    def cut(self, time: float, *, passed: bool = False) -> float:
+        """Stop the stretch at the first iteration that ends at or after ``time`` (after it,
+        if ``passed``: the pass at ``time`` is over); return when it ends."""
+        index, end, _ = self._find(math.nextafter(time, math.inf) if passed else time)
         if self._keep is None or index + 1 < self._keep:
             self._keep = index + 1
         return end
