@@ -253,6 +253,20 @@ def assert_summaries_match(a: dict[str, Any], b: dict[str, Any], rel: float = 1e
         assert same, (key, x, y)
 
 
+def assert_same_clock(fast: Result, slow: Result) -> None:
+    """Fast-forward and stepping reach every iteration's start and end the same way (its
+    duration added to the previous end), so their clocks agree to the bit: events at one
+    instant on one path are at one instant on the other."""
+    for column in ("start_time_s", "duration_ms"):
+        a, b = fast.iterations[column].to_numpy(), slow.iterations[column].to_numpy()
+        np.testing.assert_array_equal(a, b, err_msg=column)
+    for column in ("arrival_time_s", "first_scheduled_time_s", "first_token_time_s"):
+        a, b = fast.requests[column].to_numpy(), slow.requests[column].to_numpy()
+        np.testing.assert_array_equal(a, b, err_msg=column)
+    a, b = fast.requests["finish_time_s"].to_numpy(), slow.requests["finish_time_s"].to_numpy()
+    np.testing.assert_array_equal(a, b, err_msg="finish_time_s")
+
+
 def assert_same_run(fast: Result, slow: Result, *, ignore: tuple[str, ...] = ()) -> None:
     """Two runs agree iteration by iteration and request by request (to 1e-9), but for the
     ``ignore`` iteration columns."""

@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from batchsim.engine.engine import Engine
 from batchsim.engine.request import RequestStatus
 from batchsim.simulation import Result
-from conftest import assert_same_run, capture_engines, simulate_data, tiny_experiment
+from conftest import (
+    assert_same_clock,
+    assert_same_run,
+    capture_engines,
+    simulate_data,
+    tiny_experiment,
+)
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 FRAMEWORKS = ("vllm-v0", "vllm-v1", "sglang", "tensorrt-llm", "lmdeploy")
@@ -295,7 +301,9 @@ def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
     fast, slow = copy.deepcopy(data), copy.deepcopy(data)
     fast["engine"]["fast_forward"] = True
     slow["engine"]["fast_forward"] = False
-    assert_same_run(simulate_data(fast), simulate_data(slow))
+    a, b = simulate_data(fast), simulate_data(slow)
+    assert_same_run(a, b)
+    assert_same_clock(a, b)
 
 
 def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):
@@ -499,6 +507,66 @@ ROUTED_AFTER_ITS_PASS = {
     "cluster": {"replicas": 2, "router": "least_outstanding"},
 }
 
+# Identical replicas whose iterations end at one instant: fast-forward and stepping must
+# compute those ends as one float (the duration added once per iteration on both paths), or
+# the same-instant order (routes, cancellations, a decode instance's KV blocks) differs.
+SAME_INSTANT_ON_FIVE_REPLICAS = {
+    "name": "tiny",
+    "seed": 8596,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {
+        "policy": "dynamic",
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 8,
+        "max_wait_ms": 176.0,
+    },
+    "workload": {
+        "num_requests": 21,
+        "prompt_tokens": {"dist": "uniform", "min": 92, "max": 101},
+        "output_tokens": {"dist": "uniform", "min": 7, "max": 44},
+        "concurrency": 5,
+        "think_time_ms": {"dist": "fixed", "value": 0},
+        "cancel_after_ms": {"dist": "uniform", "min": 235.0, "max": 467.0},
+    },
+    "engine": {"num_gpu_blocks": 2, "block_size": 4, "fast_forward": False},
+    "cluster": {
+        "replicas": [
+            {"count": 2, "engine": {"num_gpu_blocks": 2}, "scheduler": {"max_num_seqs": 1}},
+            {"count": 2, "engine": {"num_gpu_blocks": 35}, "scheduler": {"max_num_seqs": 3}},
+            {"count": 1, "engine": {"num_gpu_blocks": 33}, "scheduler": {"max_num_seqs": 2}},
+        ],
+        "router": "least_outstanding",
+    },
+}
+KV_HANDOFF_AT_A_DECODE_END = {
+    "name": "tiny",
+    "seed": 2,
+    "hardware": "a100-80gb",
+    "model": "llama-2-7b",
+    "scheduler": {"policy": "static", "max_num_seqs": 1, "max_num_batched_tokens": 8},
+    "workload": {
+        "num_requests": 4,
+        "prompt_tokens": {"dist": "fixed", "value": 81},
+        "output_tokens": {"dist": "fixed", "value": 5},
+        "arrival": {"process": "poisson", "rate": 63.0},
+    },
+    "engine": {"num_gpu_blocks": 2, "block_size": 16, "fast_forward": False},
+    "cluster": {
+        "router": "round_robin",
+        "disaggregation": {
+            "prefill": {"replicas": 1, "engine": {"num_gpu_blocks": 6}},
+            "decode": {
+                "replicas": 2,
+                "engine": {"num_gpu_blocks": 12},
+                "scheduler": {"policy": "chunked_prefill"},
+            },
+            "kv_transfer": {"link": "nvlink-4", "mode": "after_prefill"},
+            "decode_router": "round_robin",
+        },
+    },
+}
+
 # Closed loop: a request that one replica's last token releases reaches another replica at
 # the end of that replica's own iteration; the two clock values are an ulp apart on one path.
 # Async scheduling must take the new iteration as back to back on both paths.
@@ -580,6 +648,8 @@ CANCELLED_BEHIND_A_WAITER = {
 @example(NEAR_ZERO_KV_WAIT)
 @example(ARRIVES_AT_ANOTHER_REPLICAS_END)
 @example(ROUTED_AFTER_ITS_PASS)
+@example(SAME_INSTANT_ON_FIVE_REPLICAS)
+@example(KV_HANDOFF_AT_A_DECODE_END)
 def test_fast_forward_equals_stepping_on_clusters(data):
     # A stretch that a request routed to its replica cuts short, and what routers see of a
     # replica inside a stretch, must match stepping: the same routes, the same run. In a
@@ -590,6 +660,7 @@ def test_fast_forward_equals_stepping_on_clusters(data):
     slow["engine"]["fast_forward"] = False
     a, b = simulate_data(fast), simulate_data(slow)
     assert_same_run(a, b)
+    assert_same_clock(a, b)
     assert a.requests["replica"].tolist() == b.requests["replica"].tolist()
     if "disaggregation" in data["cluster"]:
         for column in ("prefill_replica", "decode_replica", "kv_transfer_bytes"):

@@ -37,7 +37,6 @@ longer. This module is the one home of that shortcut:
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -263,11 +262,17 @@ class StretchRunner:
             steps = num_steps - done
             if same < steps:
                 steps = same
-            cut = start + duration * steps >= event
-            if cut:
-                steps = steps_until(start, duration, event, steps)
+            # run_end() and steps_until() in one walk: the end of each step in turn
+            end, j = start, 0
+            while j < steps:
+                end += duration
+                j += 1
+                if end >= event:
+                    break
+            cut = end >= event
+            steps = j
             runs.append(run_row(start, steps, duration, cost, batch, deltas))
-            start = start + duration * steps
+            start = end
             done += steps
             if cut:
                 break
@@ -539,14 +544,23 @@ def run_row(
     )
 
 
+def run_end(start: float, duration: float, steps: int) -> float:
+    """When ``steps`` back-to-back iterations of ``duration`` from ``start`` end: the duration
+    added once per iteration, as the engine's clock advances stepping one iteration at a time.
+    (``start + duration x steps`` may differ from that in the last bits, and two events meant
+    for one instant must be one float on either path.) A run of equal iterations is at most
+    a KV block of the attention kernel long, so this costs a few additions per iteration."""
+    for _ in range(steps):
+        start += duration
+    return start
+
+
 def steps_until(start: float, duration: float, event: float, most: int) -> int:
-    """The first step j in 1..most whose end ``start + duration x j`` is at or after
+    """The first step j in 1..most whose end ``run_end(start, duration, j)`` is at or after
     ``event`` (the caller knows step ``most`` is): where a run of iterations is cut."""
-    if duration <= 0:
-        return most
-    j = min(most, max(1, math.ceil((event - start) / duration)))
-    while j > 1 and start + duration * (j - 1) >= event:
-        j -= 1
-    while j < most and start + duration * j < event:
+    j = 1
+    end = start + duration
+    while j < most and end < event:
+        end += duration
         j += 1
     return j

@@ -556,7 +556,9 @@ class IterationLog:
             k = np.arange(total, dtype=np.int64)
             k -= np.repeat(np.cumsum(steps) - steps, steps)
             usage = self._usage.column("kv_cache_usage", row, row + total)
-            yield _Window(self, lo, hi, run_of, k, np.arange(row, row + total), usage)
+            yield _Window(
+                self, lo, hi, run_of, k, np.arange(row, row + total), usage, whole_runs=True
+            )
             row += total
             lo = hi
 
@@ -657,10 +659,14 @@ class _Window:
         k: np.ndarray,
         iterations: np.ndarray,
         usage: np.ndarray,
+        whole_runs: bool = False,
     ):
         self.runs = log._runs
+        self.whole_runs = whole_runs
+        """Every iteration of runs ``lo:hi``, in order (else some of them: a sample)."""
         self.lo, self.hi = lo, hi
         self.run_of = run_of
+        self.k = k
         self.step = k.astype(float)
         self.iterations = iterations
         self.usage = usage
@@ -685,7 +691,15 @@ class _Window:
 
     def start(self) -> np.ndarray:
         if self._start is None:
-            self._start = self.expand("start_time_s") + self.duration() * self.step
+            if self.whole_runs:
+                lo, hi, runs = self.lo, self.hi, self.runs
+                self._start = run_starts(
+                    runs.column("start_time_s", lo, hi),
+                    runs.column("duration_s", lo, hi),
+                    runs.column("num_steps", lo, hi),
+                )
+            else:
+                self._start = advanced(self.expand("start_time_s"), self.duration(), self.k)
         return self._start
 
     def get(self, key: str) -> np.ndarray:
@@ -1045,10 +1059,50 @@ def _grown(values: np.ndarray, n: int, size: int, dtype: type) -> np.ndarray:
     return out
 
 
+def advanced(start: np.ndarray, duration: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``start[i]`` with ``duration[i]`` added ``k[i]`` times, one addition after another:
+    when iteration k of a run of back-to-back iterations of ``duration`` from ``start``
+    starts, as the engine's clock reaches it stepping one iteration at a time (see
+    :func:`~batchsim.engine.stretch.run_end`; ``start + duration x k`` may differ from it in
+    the last bits). Costs the sum of ``k`` additions, in numpy, one pass per step."""
+    out = np.array(start, dtype=np.float64)
+    top = int(k.max()) if len(k) else 0
+    if top <= 0:
+        return out
+    order = np.argsort(k, kind="stable")
+    # elements of k >= j are order[first[j]:], for j = 1..top
+    first = np.searchsorted(k[order], np.arange(1, top + 1), side="left")
+    for at in first:
+        idx = order[at:]
+        out[idx] += duration[idx]
+    return out
+
+
+def run_starts(start: np.ndarray, duration: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """The start of every iteration of some runs, run after run: :func:`advanced` of each
+    run's start by 0, 1, ... ``steps - 1`` of its duration, each iteration's start computed
+    from the previous one's (one addition per iteration)."""
+    steps = np.asarray(steps, dtype=np.int64)
+    out = np.repeat(np.asarray(start, dtype=np.float64), steps)
+    top = int(steps.max()) if len(steps) else 0
+    if top <= 1:
+        return out
+    first = np.cumsum(steps) - steps  # where each run's iterations begin in ``out``
+    order = np.argsort(-steps, kind="stable")  # the longest runs first
+    # runs with more than j iterations: order[:longer[j - 1]], for j = 1..top-1
+    longer = np.searchsorted(-steps[order], -np.arange(1, top), side="left")
+    for j, count in enumerate(longer, start=1):
+        active = order[:count]
+        at = first[active] + j
+        out[at] = out[at - 1] + duration[active]
+    return out
+
+
 class RunTable:
     """The runs of an :class:`IterationLog` as arrays: iteration k of run r starts at
-    ``start[r] + duration[r] x k`` and ends ``duration[r]`` later (the expressions of the
-    expanded table, so times computed here equal its ``end_time_s`` exactly)."""
+    ``start[r]`` with ``duration[r]`` added k times (:func:`advanced`) and ends
+    ``duration[r]`` later (the expressions of the expanded table, so times computed here
+    equal its ``end_time_s`` exactly)."""
 
     def __init__(
         self, first: np.ndarray, steps: np.ndarray, start: np.ndarray, duration: np.ndarray
@@ -1061,9 +1115,8 @@ class RunTable:
     def end_times(self, iterations: np.ndarray) -> np.ndarray:
         """When the given iterations (indices) ended."""
         run = np.searchsorted(self.first, iterations, side="right") - 1
-        k = (iterations - self.first[run]).astype(float)
         duration = self.duration[run]
-        return (self.start[run] + duration * k) + duration
+        return advanced(self.start[run], duration, iterations - self.first[run]) + duration
 
     def end_time_chunks(
         self, max_rows: int = _WINDOW_ROWS
@@ -1077,9 +1130,8 @@ class RunTable:
             steps = self.steps[lo:hi]
             run = np.repeat(np.arange(lo, hi), steps)
             iterations = np.arange(self.first[lo], self.first[lo] + int(steps.sum()))
-            k = (iterations - self.first[run]).astype(float)
-            duration = self.duration[run]
-            yield iterations, (self.start[run] + duration * k) + duration
+            starts = run_starts(self.start[lo:hi], self.duration[lo:hi], steps)
+            yield iterations, starts + self.duration[run]
             lo = hi
 
 
