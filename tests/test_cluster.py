@@ -27,7 +27,7 @@ from batchsim.config import validate_experiment
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.errors import ConfigError, RouterError
 from batchsim.simulation import ALL_OUTPUT_FILES, Result, simulate
-from conftest import assert_same_run, assert_summaries_match, tiny_experiment
+from conftest import assert_same_clock, assert_same_run, assert_summaries_match, tiny_experiment
 
 
 def sim(data: dict[str, Any]) -> Result:
@@ -546,6 +546,7 @@ def test_a_request_routed_during_a_stretch_cuts_it_at_the_next_iteration_end(
         assert req.loc[rid, "first_scheduled_time_s"] == pytest.approx(boundary, abs=1e-12)
     slow = sim({**data, "engine": {"fast_forward": False}})
     assert_same_run(result, slow)
+    assert_same_clock(result, slow)
 
 
 def test_prefix_aware_routing_raises_the_hit_rate_over_round_robin():

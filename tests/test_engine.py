@@ -30,7 +30,13 @@ from batchsim.errors import ConfigError
 from batchsim.metrics.summary import weighted_percentiles
 from batchsim.scheduler.interface import Scheduler
 from batchsim.simulation import Result, simulate
-from conftest import SUMMARY_KEYS, assert_same_run, capture_engines, tiny_experiment
+from conftest import (
+    SUMMARY_KEYS,
+    assert_same_clock,
+    assert_same_run,
+    capture_engines,
+    tiny_experiment,
+)
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 
@@ -380,6 +386,7 @@ def test_fast_forward_off_gives_the_same_run(policy, num_gpu_blocks, async_sched
     if num_gpu_blocks is not None and policy in ("continuous", "chunked_prefill"):
         assert slow.summary["num_preemptions"] > 0
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
 
 
 @pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
@@ -399,6 +406,7 @@ def test_fast_forward_is_exact_with_swap_preemption(policy, mix):
     slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
     assert num_stretches > 0 and slow.summary["num_swaps"] > 0
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
 
 
 @pytest.mark.parametrize(
@@ -435,6 +443,7 @@ def test_decode_stretches_run_on_through_completions_exactly(scheduler, engine):
     if "num_gpu_blocks" in engine:
         assert fast.summary["num_preemptions"] > 0
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
 
 
 @pytest.mark.parametrize(
@@ -480,6 +489,7 @@ def test_decodes_fast_forward_while_the_waiting_head_would_not_be_admitted(
     # a pass of the engine loop per few dozen iterations, nearly all with requests waiting
     assert 5 * len(passes) < len(fast.iterations) and sum(passes) > 0.9 * len(passes)
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
 
 
 @pytest.mark.parametrize(
@@ -508,6 +518,7 @@ def test_fast_forward_is_exact_over_a_long_prompts_chunks(engine, output, cancel
     slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
     assert m.call_count > 10  # stretches of chunks ran
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
 
 
 @pytest.mark.parametrize(
@@ -557,6 +568,7 @@ def test_fast_forward_is_exact_when_a_sliding_window_caps_the_context(policy):
     slow = sim(experiment(workload, scheduler, {"fast_forward": False}, model="mistral-7b"))
     assert m.call_count > 0  # some stretches grew past the window
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
 
 
 # ----------------------------------------------------------------------------- the knee

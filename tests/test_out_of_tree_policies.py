@@ -19,7 +19,7 @@ from batchsim.engine import engine as engine_module
 from batchsim.engine.stretch import stretches_allowed
 from batchsim.scheduler import POLICIES, Scheduler
 from batchsim.scheduler.continuous import ContinuousScheduler
-from conftest import assert_same_run, tiny_experiment
+from conftest import assert_same_clock, assert_same_run, tiny_experiment
 
 POLICY_MODULE = '''
 import math
@@ -175,6 +175,7 @@ def test_a_policy_that_picks_two_of_four_decodes_is_not_fast_forwarded(policies,
     fast = batchsim.run(four_at_once(f"{policies}:{name}"))
     slow = batchsim.run(four_at_once(f"{policies}:{name}", fast_forward=False))
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
     # Brute force: iteration 0 prefills all four (first tokens); then pairs {0,1} and {2,3}
     # alternate, each request decoding its 19 other tokens every second iteration.
     it = fast.iterations
@@ -212,6 +213,7 @@ def test_a_policy_that_declares_decode_stretches_is_fast_forwarded_exactly(polic
     assert runs.call_count > 0
     slow = batchsim.run({**exp, "engine": {"fast_forward": False}})
     assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
 
 
 def run_cli(policy: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[int, str]:

@@ -440,8 +440,9 @@ class StretchRunner:
             size = min(chunk, num_steps - done)
             back_to_back = engine.back_to_back(start) if done == 0 else True
             cost, durations = self._chunk(output, cpu, done, size, back_to_back)
-            ends = np.cumsum(durations)
-            ends += start
+            # each end the previous one plus a duration, from ``start`` (as stepping adds them;
+            # ``start + cumsum(durations)`` may differ in the last bits)
+            ends = np.cumsum(np.concatenate(([start], durations)))[1:]
             keep = size
             if event < ends[-1]:
                 keep = int(np.searchsorted(ends, event, side="left")) + 1
