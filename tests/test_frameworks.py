@@ -15,7 +15,7 @@ from batchsim.catalog.frameworks import framework_names, load_framework
 from batchsim.config import FrameworkName, load_experiment, validate_experiment
 from batchsim.cost.shapes import BatchShape, cuda_graph_padded, cuda_graph_size
 from batchsim.errors import ConfigError
-from conftest import assert_same_run, simulate_data, tiny_experiment
+from conftest import assert_same_clock, assert_same_run, simulate_data, tiny_experiment
 
 NAMES = ("vllm-v0", "vllm-v1", "sglang", "tensorrt-llm", "lmdeploy")
 
@@ -233,6 +233,7 @@ def test_fast_forward_is_exact_with_every_preset(name):
     slow["engine"]["fast_forward"] = False
     a, b = simulate_data(fast), simulate_data(slow)
     assert_same_run(a, b)
+    assert_same_clock(a, b)
     if name.startswith("vllm"):
         assert a.iterations["num_padding_tokens"].sum() > 0
 

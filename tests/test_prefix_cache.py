@@ -28,7 +28,13 @@ from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager, block_keys
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
 from batchsim.simulation import Result, build
-from conftest import assert_same_run, capture_engines, simulate_data, tiny_experiment
+from conftest import (
+    assert_same_clock,
+    assert_same_run,
+    capture_engines,
+    simulate_data,
+    tiny_experiment,
+)
 
 CPU_MS, CPU_PER_SEQ_MS = 3.0, 0.5
 CACHE_COLUMNS = ("num_cached_blocks", "num_evicted_blocks")
@@ -224,7 +230,9 @@ def test_eviction_under_pressure_from_decodes_that_outgrow_the_empty_blocks(tmp_
     assert result.requests["num_cached_tokens"].tolist() == [0, 0, 16]
     slow = copy.deepcopy(data)
     slow["engine"]["fast_forward"] = False
-    assert_same_run(result, run(slow)[0])
+    stepped = run(slow)[0]
+    assert_same_run(result, stepped)
+    assert_same_clock(result, stepped)
 
 
 # ------------------------------------------------------------------------ preemption and swap
@@ -534,7 +542,9 @@ def test_a_mooncake_trace_reuses_its_shared_hash_blocks(tmp_path):
     )
     slow = copy.deepcopy(base)
     slow["engine"]["fast_forward"] = False
-    assert_same_run(on, simulate_data(slow))
+    stepped = simulate_data(slow)
+    assert_same_run(on, stepped)
+    assert_same_clock(on, stepped)
 
 
 def test_batchsim_run_prints_the_hit_rate_when_prefix_caching_is_on(tmp_path, capsys):
