@@ -326,12 +326,12 @@ class StagedOutput:
         self.open = True
         self._streams: dict[str, TableStream] = {}
 
-    def stream_iterations(self, config: ExperimentConfig, log: IterationLog) -> bool:
+    def stream_iterations(self, config: ExperimentConfig, log: IterationLog) -> None:
         """Write ``log`` into the iterations table while it is logged, if that is the table
-        the run writes (all iterations, one engine); whether it is streamed."""
+        the run writes (all iterations, one engine)."""
         output = config.output
         if config.cluster is not None or output.iterations != "all" or self._streams:
-            return False
+            return
         name = f"iterations.{output.format}"
         stream = TableStream(self.dir / name, ITERATION_COLUMNS, output.format)
         self._streams[name] = stream
@@ -344,7 +344,6 @@ class StagedOutput:
                 raise write_error(target, exc) from exc
 
         log.stream_to(add, stream.rows)
-        return True
 
     def finish_streams(self) -> set[str]:
         """Wait for the streamed tables to be written and close them; their names."""

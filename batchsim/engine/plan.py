@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from batchsim.engine.kv_cache import UsageRamp
-from batchsim.engine.stretch import run_end, steps_until
+from batchsim.engine.stretch import run_until
 from batchsim.metrics.logs import IterationLog
 
 
@@ -77,9 +77,8 @@ class StretchPlan:
                 k = 0
                 for run in runs:
                     start, steps, duration = run[0], run[1], run[2]
-                    if run_end(start, duration, steps) >= time:
-                        j = steps_until(start, duration, time, steps)
-                        end = run_end(start, duration, j)
+                    j, end = run_until(start, duration, time, steps)
+                    if end >= time:
                         return first + k + j - 1, end, _at_row(usage, k + j - 1)
                     k += steps
                 first += k

@@ -262,15 +262,8 @@ class StretchRunner:
             steps = num_steps - done
             if same < steps:
                 steps = same
-            # run_end() and steps_until() in one walk: the end of each step in turn
-            end, j = start, 0
-            while j < steps:
-                end += duration
-                j += 1
-                if end >= event:
-                    break
+            steps, end = run_until(start, duration, event, steps)
             cut = end >= event
-            steps = j
             runs.append(run_row(start, steps, duration, cost, batch, deltas))
             start = end
             done += steps
@@ -545,23 +538,18 @@ def run_row(
     )
 
 
-def run_end(start: float, duration: float, steps: int) -> float:
-    """When ``steps`` back-to-back iterations of ``duration`` from ``start`` end: the duration
-    added once per iteration, as the engine's clock advances stepping one iteration at a time.
-    (``start + duration x steps`` may differ from that in the last bits, and two events meant
-    for one instant must be one float on either path.) A run of equal iterations is at most
-    a KV block of the attention kernel long, so this costs a few additions per iteration."""
-    for _ in range(steps):
-        start += duration
-    return start
-
-
-def steps_until(start: float, duration: float, event: float, most: int) -> int:
-    """The first step j in 1..most whose end ``run_end(start, duration, j)`` is at or after
-    ``event`` (the caller knows step ``most`` is): where a run of iterations is cut."""
-    j = 1
-    end = start + duration
-    while j < most and end < event:
+def run_until(start: float, duration: float, event: float, most: int) -> tuple[int, float]:
+    """Walk a run of up to ``most`` back-to-back iterations of ``duration`` from ``start`` to
+    the first that ends at or after ``event``: (its step j in 1..most, its end), or (``most``,
+    the run's end) if none does. Each end is the previous one plus the duration, as the
+    engine's clock advances stepping one iteration at a time (``start + duration x j`` may
+    differ from that in the last bits, and two events meant for one instant must be one
+    float on either path). A run of equal iterations is at most a KV block of the attention
+    kernel long, so this costs an addition per iteration."""
+    end, j = start, 0
+    while j < most:
         end += duration
         j += 1
-    return j
+        if end >= event:
+            break
+    return j, end
