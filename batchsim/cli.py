@@ -613,13 +613,29 @@ SET_HELP = (
 )
 
 
+def engine_build() -> str:
+    """How the installed engine loop runs: compiled by mypyc (``pip install .``, see
+    ``hatch_build.py``) or pure Python (an editable install, or a build that could not
+    compile). Looks for the extension module without importing the engine."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "engine"
+    if any((folder / f"engine{suffix}").is_file() for suffix in EXTENSION_SUFFIXES):
+        return "engine compiled with mypyc"
+    return "pure Python"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``batchsim`` argument parser with its four commands."""
     parser = _Parser(prog="batchsim", description=DESCRIPTION, epilog=EPILOG)
     from batchsim import __version__
 
     parser.add_argument(
-        "--version", action="version", version=f"batchsim {__version__}", help="print the version"
+        "--version",
+        action="version",
+        version=f"batchsim {__version__} ({engine_build()})",
+        help="print the version (and whether the engine loop is compiled)",
     )
     sub = parser.add_subparsers(
         dest="command", required=True, parser_class=_Parser, metavar="{" + ",".join(COMMANDS) + "}"

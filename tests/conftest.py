@@ -142,15 +142,17 @@ def step(scheduler: Scheduler, now: float, duration: float = 1.0):
 
 @contextlib.contextmanager
 def capture_engines() -> Iterator[list[Engine]]:
-    """Keep the :class:`Engine` that ``simulate()`` builds (to look at its KV cache)."""
+    """Keep the :class:`Engine` that ``simulate()`` builds (to look at its KV cache, or at
+    what its fast-forward did: ``engine.stretch.num_stretches`` and the like). The engine is
+    an :class:`Engine` itself, so it runs as it would have."""
     engines: list[Engine] = []
 
-    class RecordingEngine(Engine):
-        def __init__(self, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            engines.append(self)
+    def build(*args: Any, **kwargs: Any) -> Engine:
+        engine = Engine(*args, **kwargs)
+        engines.append(engine)
+        return engine
 
-    with mock.patch.object(simulation, "Engine", RecordingEngine):
+    with mock.patch.object(simulation, "Engine", build):
         yield engines
 
 

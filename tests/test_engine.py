@@ -25,7 +25,6 @@ from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.engine import Engine
-from batchsim.engine.stretch import StretchRunner
 from batchsim.errors import ConfigError
 from batchsim.metrics.summary import weighted_percentiles
 from batchsim.scheduler.interface import Scheduler
@@ -320,11 +319,11 @@ def test_the_run_collects_garbage_rarely_and_leaves_the_collector_as_it_was(thre
     # rarely while it runs (unless the caller turned it off or set it rarer already), and
     # the caller's thresholds are back afterwards.
     seen: list[int] = []
-    deliver = Engine._deliver_due
+    schedule = Scheduler.schedule_iteration
 
-    def spy(engine: Engine, now: float) -> None:
+    def spy(scheduler: Scheduler, now: float) -> Any:
         seen.append(gc.get_threshold()[0])
-        deliver(engine, now)
+        return schedule(scheduler, now)
 
     data = experiment(poisson(20, 4.0, fixed(64), fixed(16)))
     if cluster:
@@ -332,7 +331,7 @@ def test_the_run_collects_garbage_rarely_and_leaves_the_collector_as_it_was(thre
     saved = gc.get_threshold()
     try:
         gc.set_threshold(threshold, 13, 17)
-        with mock.patch.object(Engine, "_deliver_due", spy):
+        with mock.patch.object(Scheduler, "schedule_iteration", spy):
             sim(data)
         assert gc.get_threshold() == (threshold, 13, 17)
     finally:
@@ -343,12 +342,12 @@ def test_the_run_collects_garbage_rarely_and_leaves_the_collector_as_it_was(thre
 # ----------------------------------------------------------------------------- fast-forward
 
 
-def count_stretches(run: Any) -> tuple[Any, int]:
-    """``run()``'s result and how many decode stretches it advanced in one go."""
-    price_stretch = StretchRunner.run
-    with mock.patch.object(StretchRunner, "run", autospec=True, side_effect=price_stretch) as m:
+def count_stretches(run: Any, what: str = "num_stretches") -> tuple[Any, int]:
+    """``run()``'s result and how many decode stretches it advanced in one go (``what``: a
+    counter of :class:`StretchRunner`, summed over the engines the run built)."""
+    with capture_engines() as engines:
         result = run()
-    return result, m.call_count
+    return result, sum(getattr(engine.stretch, what) for engine in engines)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -427,19 +426,11 @@ def test_decode_stretches_run_on_through_completions_exactly(scheduler, engine):
         50, 3.0, uniform(16, 300), uniform(1, 250), cancel_after_ms=uniform(2000, 30000)
     )
     sched = {"max_num_seqs": 12, "max_num_batched_tokens": 512, **scheduler}
-    drained: list[int] = []
-    drain = StretchRunner.drain
-
-    def spy(runner: StretchRunner, now: float, event: float) -> float:
-        before = runner.engine.request_log.num_rows
-        end = drain(runner, now, event)
-        drained.append(runner.engine.request_log.num_rows - before)
-        return end
-
-    with mock.patch.object(StretchRunner, "drain", spy):
-        fast = sim(experiment(workload, sched, engine))
+    fast, drained = count_stretches(
+        lambda: sim(experiment(workload, sched, engine)), "num_drained_finished"
+    )
     slow = sim(experiment(workload, sched, {**engine, "fast_forward": False}))
-    assert sum(drained) > 10  # requests finished inside drained stretches
+    assert drained > 10  # requests finished inside drained stretches
     if "num_gpu_blocks" in engine:
         assert fast.summary["num_preemptions"] > 0
     assert_same_run(fast, slow)
@@ -512,11 +503,11 @@ def test_fast_forward_is_exact_over_a_long_prompts_chunks(engine, output, cancel
     scheduler = {"policy": "chunked_prefill", "max_num_seqs": 16, "max_num_batched_tokens": 256}
     if "swap_space_gib" in engine:
         scheduler["preemption_mode"] = "swap"
-    runner = StretchRunner._run_chunks
-    with mock.patch.object(StretchRunner, "_run_chunks", autospec=True, side_effect=runner) as m:
-        fast = sim(experiment(workload, scheduler, engine))
+    fast, chunk_stretches = count_stretches(
+        lambda: sim(experiment(workload, scheduler, engine)), "num_chunk_stretches"
+    )
     slow = sim(experiment(workload, scheduler, {**engine, "fast_forward": False}))
-    assert m.call_count > 10  # stretches of chunks ran
+    assert chunk_stretches > 10  # stretches of chunks ran
     assert_same_run(fast, slow)
     assert_same_clock(fast, slow)
 
@@ -562,11 +553,9 @@ def test_fast_forward_is_exact_when_a_sliding_window_caps_the_context(policy):
     workload = poisson(12, 4.0, uniform(3900, 4090), uniform(20, 400))
     scheduler = {"policy": policy, "max_num_seqs": 4, "max_num_batched_tokens": 8192}
     data = experiment(workload, scheduler, model="mistral-7b")
-    capped = StretchRunner._run_arrays
-    with mock.patch.object(StretchRunner, "_run_arrays", autospec=True, side_effect=capped) as m:
-        fast = sim(data)
+    fast, capped = count_stretches(lambda: sim(data), "num_stepwise_stretches")
     slow = sim(experiment(workload, scheduler, {"fast_forward": False}, model="mistral-7b"))
-    assert m.call_count > 0  # some stretches grew past the window
+    assert capped > 0  # some stretches grew past the window
     assert_same_run(fast, slow)
     assert_same_clock(fast, slow)
 

@@ -544,7 +544,7 @@ def check_stored_column(kind: str, dtype: str, n: int, seed: int) -> None:
     assert got.dtype == values.dtype
     bits = f"u{values.dtype.itemsize}"
     np.testing.assert_array_equal(got.view(bits), values.view(bits))
-    lo, hi = sorted(rng.integers(0, n + 1, 2))
+    lo, hi = sorted(int(i) for i in rng.integers(0, n + 1, 2))
     np.testing.assert_array_equal(store.column("x", lo, hi).view(bits), values[lo:hi].view(bits))
 
 

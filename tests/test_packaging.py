@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -63,7 +64,12 @@ def test_the_version_has_one_source(capsys):
     assert project["project"]["dynamic"] == ["version"]
     assert project["tool"]["hatch"]["version"]["path"] == "batchsim/__init__.py"
     assert cli.main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"batchsim {batchsim.__version__}"
+    # and whether the engine that runs is the mypyc-compiled one (hatch_build.py)
+    from batchsim.engine import engine
+
+    compiled = not engine.__file__.endswith(".py")
+    build = "engine compiled with mypyc" if compiled else "pure Python"
+    assert capsys.readouterr().out.strip() == f"batchsim {batchsim.__version__} ({build})"
     assert importlib.metadata.version("batchsim") == batchsim.__version__
 
 
@@ -79,6 +85,7 @@ def test_project_urls_name_no_placeholder():
     reason="hatchling is not installed (pip install '.[test]' provides it)",
 )
 def test_sdist_carries_ci_docs_and_license_and_the_wheel_py_typed(tmp_path):
+    # BATCHSIM_PURE_PYTHON: the wheel without the mypyc-compiled engine (hatch_build.py)
     proc = subprocess.run(
         [sys.executable, "-m", "hatchling", "build", "-d", str(tmp_path)],
         cwd=ROOT,
@@ -86,18 +93,21 @@ def test_sdist_carries_ci_docs_and_license_and_the_wheel_py_typed(tmp_path):
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "BATCHSIM_PURE_PYTHON": "1"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     version = batchsim.__version__
     with tarfile.open(tmp_path / f"batchsim-{version}.tar.gz") as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {".ci/run", "docs/calibration.md", "LICENSE", "README.md", "pyproject.toml"} <= names
+    assert "hatch_build.py" in names  # a wheel built from the sdist compiles the engine
     assert {"tests/test_cli.py", "batchsim/py.typed", "experiments/quickstart.yaml"} <= names
     assert "frameworks/sglang.yaml" in names
     with zipfile.ZipFile(tmp_path / f"batchsim-{version}-py3-none-any.whl") as wheel:
         members = set(wheel.namelist())
         metadata = wheel.read(f"batchsim-{version}.dist-info/METADATA").decode("utf-8")
     assert {"batchsim/py.typed", "batchsim/__main__.py"} <= members
+    assert not [m for m in members if m.endswith((".so", ".pyd"))]  # pure Python, as asked
     assert "batchsim/_data/experiments/quickstart.yaml" in members
     assert "batchsim/_data/frameworks/vllm-v1.yaml" in members
     assert f"batchsim-{version}.dist-info/licenses/LICENSE" in members

@@ -388,7 +388,7 @@ class AttentionPricing:
                 stream = self.decode_stream(decodes, ctx, None)
             time = time + stream
         else:
-            ctx_p, pairs_p = kv_read, pairs
+            ctx_p, pairs_p = float(kv_read), float(pairs)  # (exact: token counts < 2**53)
         key = (rows, prefill_seqs, ctx_p, pairs_p)
         prefill = self._prefill_cache.get(key)
         if prefill is None:

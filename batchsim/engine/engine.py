@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
+from mypy_extensions import mypyc_attr
 
 from batchsim.cost import RooflineCostModel
 from batchsim.cost.costs import StepCost
@@ -286,6 +287,7 @@ class ArrivalSource:
         )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Engine:
     """Runs one simulation.
 
@@ -310,8 +312,7 @@ class Engine:
     ):
         self.scheduler = scheduler
         self.kv_cache = scheduler.kv_cache
-        if self.kv_cache.caches_prefixes:
-            self.batch_row = self._batch_row_with_cache  # type: ignore[method-assign]
+        self._caches_prefixes = self.kv_cache.caches_prefixes
         self.cost_model = cost_model
         self.options = options
         self.link = link
@@ -367,8 +368,10 @@ class Engine:
         (:meth:`~batchsim.engine.stretch.StretchRunner.drain`): a built-in policy that runs
         its running requests first (``drains_cohort``), one engine on its own, whose
         requests leaving bring no arrival (open loop, no conversations)."""
+        self._price: Callable[[SchedulerOutput, float], StepTimes] = self._price_step
+        """Prices and logs one iteration (the proposals too with speculative decoding)."""
         if getattr(scheduler, "speculator", None) is not None:
-            self._price_step = self._price_speculative_step  # type: ignore[method-assign]
+            self._price = self._price_speculative_step
 
     @property
     def clock(self) -> float:
@@ -413,8 +416,15 @@ class Engine:
         return cpu + gpu
 
     def batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
-        """The :data:`~batchsim.metrics.logs.BATCH_COLUMNS` of an iteration."""
+        """The :data:`~batchsim.metrics.logs.BATCH_COLUMNS` of an iteration. With prefix
+        caching: the blocks cached now and those evicted since the previous row (by the
+        ``schedule()`` of this iteration); 0 and 0 without."""
         shape = output.shape
+        cached = evicted = 0
+        if self._caches_prefixes:
+            kv = self.kv_cache
+            cached, evicted = kv.num_cached_blocks, kv.num_evicted_blocks
+            kv.num_evicted_blocks = 0
         swap_in, swap_out = output.num_swap_in_blocks, output.num_swap_out_blocks
         return (
             cpu * 1e3,
@@ -431,17 +441,9 @@ class Engine:
             swap_out,
             (swap_in + swap_out) * self.options.swap_time_per_block * 1e3,
             output.num_swapped_out if output.preempted else 0,
-            0,  # num_cached_blocks and num_evicted_blocks: no prefix caching
-            0,
+            cached,
+            evicted,
         )
-
-    def _batch_row_with_cache(self, output: SchedulerOutput, cpu: float) -> tuple:
-        """:meth:`batch_row` with prefix caching: the blocks cached now and those evicted
-        since the previous row (by the ``schedule()`` of this iteration)."""
-        kv = self.kv_cache
-        evicted = kv.num_evicted_blocks
-        kv.num_evicted_blocks = 0
-        return (*Engine.batch_row(self, output, cpu)[:-2], kv.num_cached_blocks, evicted)
 
     # ----------------------------------------------------------------------- internals
     def _deliver_due(self, now: float) -> None:
@@ -564,7 +566,7 @@ class Engine:
             if num_steps > 1:
                 times = self.stretch.run(output, now, num_steps, self._next_event_time(now))
             else:
-                times = self._price_step(output, now)
+                times = self._price(output, now)
             if self.slot_log is not None:
                 self.slot_log.record(
                     output, scheduler.running, times.first_iteration, times.num_steps

@@ -198,13 +198,26 @@ class StretchRunner:
         )
         self._deltas: dict[int, tuple[float, float, float, float]] = {}  # per decode rows
         self._pure_rows: dict[tuple[int, int], tuple[float, tuple]] = {}  # drain(): CPU, row
+        # What fast-forward did (read by tests and benchmarks; no result depends on them).
+        self.num_stretches = 0
+        """Stretches run from a pass of the engine (:meth:`run`)."""
+        self.num_chunk_stretches = 0
+        """Of those, stretches of prompt chunks."""
+        self.num_stepwise_stretches = 0
+        """Of those, stretches priced step by step (a sliding window, the ideal roofline)."""
+        self.num_drained_stretches = 0
+        """Stretches run by :meth:`drain`."""
+        self.num_drained_finished = 0
+        """Requests that finished inside drained stretches."""
 
     def run(self, output: SchedulerOutput, now: float, num_steps: int, event: float) -> StepTimes:
         """Run up to ``num_steps`` iterations of the decode-only ``output`` from ``now``;
         stop at the first one that ends at or after the external ``event`` time."""
         engine = self.engine
         first = self.log.num_rows
+        self.num_stretches += 1
         if output.num_prefill_seqs:
+            self.num_chunk_stretches += 1
             done, end = self._run_chunks(output, now, num_steps, event)
             return StepTimes(first, now, end, done)
         window = engine.scheduler.window
@@ -212,6 +225,7 @@ class StretchRunner:
             window is not None
             and max(max(output.context_tokens), output.padding_context) + num_steps >= window
         ):
+            self.num_stepwise_stretches += 1
             done, end = self._run_arrays(output, now, num_steps, event)
         else:
             done, end = self._run_runs(output, now, num_steps, event)
@@ -313,6 +327,8 @@ class StretchRunner:
             finished = scheduler._advance_cohort(cohort, first, done, end, running)
             first += done
             engine._last_end = now = end
+            self.num_drained_stretches += 1
+            self.num_drained_finished += len(finished)
             for request in finished:
                 engine._left(request, end)
         return now
