@@ -1,5 +1,9 @@
 """How fast is batchsim? Wall time, peak memory and simulated iterations/s per case.
 
+It measures the installed batchsim (printed first): after ``pip install .``, whose engine loop
+mypyc compiles (``hatch_build.py``); an editable install or ``BATCHSIM_PURE_PYTHON=1``
+measures pure Python.
+
     python benchmarks/speed.py                 # cases (a) (b) (c), a few minutes at most
     python benchmarks/speed.py --million       # also (d): 1,000,000 requests (takes minutes)
     python benchmarks/speed.py --azure PATH    # the Azure conv trace somewhere else
@@ -306,11 +310,23 @@ _LOOP_ONLY = textwrap.dedent(
 )
 
 
+def measured_build() -> str:
+    """Which batchsim the cases run: its folder and whether its engine loop is compiled."""
+    code = "import batchsim, batchsim.cli as c; print(batchsim.__file__, c.engine_build())"
+    _, _, status, out, err = run_child([sys.executable, "-c", code])
+    if status:
+        return f"batchsim does not import: {err.strip()}"
+    path, build = out.strip().split(" ", 1)
+    return f"measuring batchsim from {Path(path).parent} ({build})"
+
+
 def run_child(argv: list[str]) -> tuple[float, float, int, str, str]:
     """Run a subprocess; return (wall s, peak RSS MB, exit code, stdout, stderr)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO)
+        # from a neutral folder: the installed batchsim is measured (run from the repository,
+        # ``python -c`` would import its source tree, never compiled)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=tempfile.gettempdir())
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -508,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     trace_rows = []
     phase_rows = []
+    print(measured_build())
     with tempfile.TemporaryDirectory(prefix="batchsim-speed-") as tmp:
         startup_rows = bench_startup(Path(tmp), startup)
         for name, exp, with_cli in cases:
