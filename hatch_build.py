@@ -101,5 +101,5 @@ class MypycBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         return [(p, p.relative_to(work / "lib").as_posix()) for p in outputs]
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
-        if getattr(self, "_work", None) is not None:
-            shutil.rmtree(str(self._work), ignore_errors=True)
+        if self._work is not None:  # the scratch copy _compile() made
+            shutil.rmtree(self._work, ignore_errors=True)
