@@ -26,7 +26,7 @@ from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.engine import Engine
 from batchsim.errors import ConfigError
-from batchsim.metrics.summary import weighted_percentiles
+from batchsim.metrics.summary import percentile, weighted_percentiles
 from batchsim.scheduler.interface import Scheduler
 from batchsim.simulation import Result, simulate
 from conftest import (
@@ -406,6 +406,36 @@ def test_fast_forward_is_exact_with_swap_preemption(policy, mix):
     assert num_stretches > 0 and slow.summary["num_swaps"] > 0
     assert_same_run(fast, slow)
     assert_same_clock(fast, slow)
+
+
+def test_arrivals_do_not_end_a_stretch_of_whole_prompt_chunks(tmp_path):
+    # A decode runs; a 2,000-token prompt arrives and is computed in chunks of 63 tokens
+    # (the 64-token budget minus the decode), 32 iterations. Four short requests arrive
+    # during its chunks: each chunk takes the whole budget, so they wait, and the chunks'
+    # stretch takes them and runs on. Only the prompt's last chunk, whose leftover budget
+    # the first of them takes, needs a pass of its own.
+    trace = write_trace(
+        tmp_path / "t.csv",
+        [(0.0, 16, 400), (0.05, 2000, 4)] + [(0.1 + 0.02 * i, 100, 4) for i in range(4)],
+    )
+    scheduler = {"policy": "chunked_prefill", "max_num_seqs": 8, "max_num_batched_tokens": 64}
+    times: list[float] = []
+    schedule = Scheduler.schedule_iteration
+
+    def spy(scheduler: Scheduler, now: float) -> Any:
+        times.append(now)
+        return schedule(scheduler, now)
+
+    with mock.patch.object(Scheduler, "schedule_iteration", spy):
+        fast, engine = sim_with_engine(experiment(trace, scheduler))
+    slow = sim(experiment(trace, scheduler, {"fast_forward": False}))
+    assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
+    long = fast.requests.iloc[1]
+    assert long["first_token_time_s"] > 0.2  # the four arrived during its chunks
+    during = [t for t in times if long["first_scheduled_time_s"] <= t < long["first_token_time_s"]]
+    assert len(during) == 2  # the chunks' stretch, and the last chunk with a newcomer's
+    assert engine.stretch.num_arrival_passes == 4
 
 
 @pytest.mark.parametrize(
@@ -931,4 +961,16 @@ def test_weighted_percentile_equals_percentile_of_expanded_sample(pairs, percent
     expanded = np.repeat(values, weights)
     got = weighted_percentiles(values, weights, percents)
     want = np.percentile(expanded, percents)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(got, want)  # the same interpolation, to the last bit
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(-1e9, 1e9, allow_nan=False), min_size=1, max_size=60),
+    st.floats(0, 100),
+)
+def test_percentile_equals_numpy_to_the_last_bit(values, percent):
+    sample = np.array(values)
+    before = sample.copy()
+    assert percentile(sample, percent) == np.percentile(sample, percent)
+    np.testing.assert_array_equal(sample, before)  # the caller's array is left as it was

@@ -306,6 +306,60 @@ def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
     assert_same_clock(a, b)
 
 
+@st.composite
+def chunked_arrivals(draw: st.DrawFn) -> dict[str, Any]:
+    """Chunked prefill with prompts of several chunks and requests arriving while they run:
+    some cancelled, some too long for the engine (rejected on arrival), some from a closed
+    loop, sometimes with prefix caching."""
+    budget = draw(st.integers(16, 128))
+    scheduler = {
+        "policy": "chunked_prefill",
+        "max_num_seqs": draw(st.integers(2, 8)),
+        "max_num_batched_tokens": budget,
+    }
+    longest = budget * draw(st.integers(2, 8))
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    engine: dict[str, Any] = {  # room for one to a dozen of the longest prompts
+        "num_gpu_blocks": draw(st.integers(longest // block_size + 2, 12 * longest // block_size)),
+        "block_size": block_size,
+        "async_scheduling": draw(st.booleans()),
+    }
+    workload: dict[str, Any] = {
+        "num_requests": draw(st.integers(2, 30)),
+        "prompt_tokens": {"dist": "uniform", "min": draw(st.integers(1, budget)), "max": longest},
+        "output_tokens": _length(draw, 200),  # decodes beside the chunks
+    }
+    if draw(st.integers(0, 3)) == 0:
+        workload["concurrency"] = draw(st.integers(1, 6))
+        workload["think_time_ms"] = {"dist": "exponential", "mean": draw(st.floats(1, 200))}
+    else:
+        workload["arrival"] = {"process": "poisson", "rate": draw(st.floats(20, 400))}
+    if draw(st.booleans()):
+        hi = draw(st.floats(1, 500))
+        workload["cancel_after_ms"] = {"dist": "uniform", "min": draw(st.floats(0, hi)), "max": hi}
+    if draw(st.booleans()):  # the longest prompts are rejected when they arrive
+        engine["max_model_len"] = draw(st.integers(longest // 2, longest + 40))
+    if draw(st.integers(0, 3)) == 0:
+        engine["enable_prefix_caching"] = True
+    data = tiny_experiment(seed=draw(st.integers(0, 2**16)))
+    data.update(scheduler=scheduler, engine=engine, workload=workload)
+    return data
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chunked_arrivals())
+def test_arrivals_during_prompt_chunks_change_nothing_fast_forward_skips(data):
+    # A stretch of prompt chunks takes the arrivals (and rejections, cancellations of the
+    # requests just arrived) at the iteration starts where stepping's passes take them, and
+    # goes on: the same iterations and requests as stepping one iteration at a time.
+    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
+    fast["engine"]["fast_forward"] = True
+    slow["engine"]["fast_forward"] = False
+    a, b = simulate_data(fast), simulate_data(slow)
+    assert_same_run(a, b)
+    assert_same_clock(a, b)
+
+
 def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):
     # Ten 9-token prompts (90 tokens) fill the first iteration of a 100-token budget; a 95-token
     # prompt arriving next fits the budget on its own, but not next to the ten running decodes

@@ -27,7 +27,6 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 
-from batchsim.engine.kv_cache import at_least_offsets
 from batchsim.engine.request import HANDED_OFF, Request
 
 _COMPACT_MIN = 256
@@ -179,11 +178,16 @@ class Cohort:
         usage_ramp` takes)."""
         key = (self.version, self.steps)
         if self._offsets_key != key:
-            shift = self.steps % self.block_size
+            # at_least_offsets() of the residues rotated by the steps taken, in one loop
+            bs = self.block_size
+            shift = self.steps % bs
             residues = self.residues
-            if shift:
-                residues = residues[-shift:] + residues[:-shift]
-            self._offsets = at_least_offsets([*residues, 0])
+            out = [0] * (bs + 1)
+            total = 0
+            for j in range(bs - 1, -1, -1):
+                total += residues[(j - shift) % bs]
+                out[j] = total
+            self._offsets = out
             self._offsets_key = key
         return self._offsets
 

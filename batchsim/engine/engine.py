@@ -445,6 +445,29 @@ class Engine:
             evicted,
         )
 
+    def take_arrivals(self, now: float) -> None:
+        """What a pass at ``now`` does first: hand the requests due by then to the scheduler
+        (or reject them), cancel those due, and tell it whether further arrivals are known."""
+        self._deliver_due(now)
+        ended = self.source.exhausted()
+        scheduler = self.scheduler
+        if ended != scheduler.end_of_input:
+            self._call("set_end_of_input", scheduler.set_end_of_input, ended)
+
+    def next_arrival_time(self) -> float:
+        """The next arrival (inf if none is known)."""
+        return self.source.next_time()
+
+    def next_cancel_time(self) -> float:
+        """The next cancellation (inf if none is due)."""
+        return self._cancels[0][0] if self._cancels else math.inf
+
+    def next_other_event_time(self, now: float) -> float:
+        """The next cancellation or scheduler timer after ``now`` (inf if none)."""
+        t = self.next_cancel_time()
+        timer = self._timer(now)
+        return t if timer is None else min(t, timer)
+
     # ----------------------------------------------------------------------- internals
     def _deliver_due(self, now: float) -> None:
         scheduler = self.scheduler
@@ -499,7 +522,6 @@ class Engine:
     def _step_loop(self):  # a SimPy process
         env = self.env
         scheduler = self.scheduler
-        source = self.source
         guarded = self.guarded
         on_step = self.on_step
         idle_wakeups = steps_without_token = stalled = 0
@@ -517,10 +539,7 @@ class Engine:
                 on_step(self)
             if link is not None:
                 link.begin_pass(now)
-            self._deliver_due(now)
-            ended = source.exhausted()
-            if ended != scheduler.end_of_input:
-                self._call("set_end_of_input", scheduler.set_end_of_input, ended)
+            self.take_arrivals(now)
             if guarded:
                 output = self._call("schedule", scheduler.schedule_iteration, now)
                 self._check_output(output)

@@ -37,6 +37,7 @@ longer. This module is the one home of that shortcut:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -209,6 +210,8 @@ class StretchRunner:
         """Stretches run by :meth:`drain`."""
         self.num_drained_finished = 0
         """Requests that finished inside drained stretches."""
+        self.num_arrival_passes = 0
+        """Passes' arrivals taken inside stretches of prompt chunks (the stretch went on)."""
 
     def run(self, output: SchedulerOutput, now: float, num_steps: int, event: float) -> StepTimes:
         """Run up to ``num_steps`` iterations of the decode-only ``output`` from ``now``;
@@ -338,7 +341,14 @@ class StretchRunner:
     ) -> tuple[int, float]:
         """Iterations of the cohort's decodes and one prompt's chunks of q tokens (the last
         one maybe shorter): each step reads one more cached token per decode and q more for
-        the chunk, whose pairs grow by q x q; each is priced on its own, as stepping would."""
+        the chunk, whose pairs grow by q x q; each is priced on its own, as stepping would.
+
+        A whole chunk takes what the decodes leave of the budget, so a request arriving
+        meanwhile waits without changing the iteration (:meth:`~Scheduler.prompt_chunk_repeat`):
+        arrivals do not end the stretch. Each is handed to the scheduler at the start of the
+        first iteration at or after it, as a pass of the engine there would; a cancellation
+        or a timer ends the stretch as usual, and so does a request waiting when the prompt's
+        last chunk, whose leftover budget it could take, comes."""
         engine = self.engine
         scheduler = engine.scheduler
         batch = scheduler.cohort_batch(output)
@@ -357,23 +367,42 @@ class StretchRunner:
         step_cost = self.cost_model.step_cost
         kv_step, pairs_step = decodes + q, decodes + q * q
         member_pairs = shape.attn_pairs - (q * computed + q * (q + 1) // 2)
+        seqs, sampled, kv_read, pairs = (
+            shape.num_seqs,
+            shape.num_sampled_tokens,
+            shape.kv_read_tokens,
+            shape.attn_pairs,
+        )
+        # arrivals are handed over inside the stretch (a lone engine only: a replica's
+        # router hands them over between passes)
+        arrival = math.inf
+        if engine.link is None:
+            arrival = engine.next_arrival_time()
+            if arrival <= event:  # the event was an arrival: end at the next other one
+                event = engine.next_other_event_time(now)
         runs: list[tuple] = []
         start = now
         done = 0
         while done < num_steps:
-            at = shape
+            if done and arrival <= start:  # a pass would begin here: it takes the arrivals
+                engine.take_arrivals(start)
+                self.num_arrival_passes += 1
+                arrival = engine.next_arrival_time()
+                event = min(event, engine.next_cancel_time())  # of a request just arrived
+            if done == full and scheduler.waiting:
+                break  # the last chunk would leave budget to a request that arrived
             if done == full:  # the prompt's last chunk: shorter, and it samples
                 last = remaining - full * q
                 context = computed + full * q
                 # A recomputed request's last token alone is a decode (as make_output() says)
                 as_decode = last == 1 and request.num_output_tokens > 0
                 at = BatchShape(
-                    shape.num_seqs,
+                    seqs,
                     0 if as_decode else last,
                     decodes + 1 if as_decode else decodes,
                     0,
-                    shape.num_sampled_tokens + 1,
-                    shape.kv_read_tokens + full * kv_step,
+                    sampled + 1,
+                    kv_read + full * kv_step,
                     member_pairs + full * decodes + last * context + last * (last + 1) // 2,
                 )
                 tokens = list(output.num_scheduled_tokens)
@@ -389,15 +418,10 @@ class StretchRunner:
                 )
                 row = engine.batch_row(final, cpu)
             elif done:
-                at = BatchShape(
-                    shape.num_seqs,
-                    q,
-                    decodes,
-                    0,
-                    shape.num_sampled_tokens,
-                    shape.kv_read_tokens + done * kv_step,
-                    shape.attn_pairs + done * pairs_step,
-                )
+                read, grown = kv_read + done * kv_step, pairs + done * pairs_step
+                at = _new_shape(BatchShape, (seqs, q, decodes, 0, sampled, read, grown, 0, 0))
+            else:
+                at = shape
             cost = step_cost(at)
             gpu = cost.time
             if overlap and (done or back_to_back):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchsim.metrics.logs import Columns, IterationLog
-from batchsim.metrics.summary import summary_window
+from batchsim.metrics.summary import percentile, summary_window
 
 REPLICA_COLUMNS = [
     "replica",
@@ -116,7 +116,7 @@ def replica_table(
             if duration > 0
             else math.nan,
             "mean_ttft_ms": float(ttft.mean()) if ttft.size else math.nan,
-            "p99_ttft_ms": float(np.percentile(ttft, 99)) if ttft.size else math.nan,
+            "p99_ttft_ms": percentile(ttft, 99) if ttft.size else math.nan,
             "mean_queue_delay_ms": float(queue.mean()) if queue.size else math.nan,
             "num_iterations": int(num_iter),
             "mean_batch_size": it["num_seqs"] / num_iter if num_iter else math.nan,
@@ -173,9 +173,9 @@ def transfer_summary(
     return {
         "num_kv_transfers": int(moved.sum()),
         "mean_kv_transfer_ms": float(transfer.mean()) if some else math.nan,
-        "p99_kv_transfer_ms": float(np.percentile(transfer, 99)) if some else math.nan,
+        "p99_kv_transfer_ms": percentile(transfer, 99) if some else math.nan,
         "mean_kv_wait_ms": float(wait.mean()) if some else math.nan,
-        "p99_kv_wait_ms": float(np.percentile(wait, 99)) if some else math.nan,
+        "p99_kv_wait_ms": percentile(wait, 99) if some else math.nan,
         "mean_kv_transfer_bytes": float(requests["kv_transfer_bytes"][moved].mean())
         if some
         else math.nan,

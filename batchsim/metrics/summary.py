@@ -49,7 +49,9 @@ def _where(mask: np.ndarray, inner: np.ndarray) -> np.ndarray:
 def weighted_percentiles(
     values: np.ndarray, weights: np.ndarray, percents: Iterable[float]
 ) -> list[float]:
-    """``np.percentile(np.repeat(values, weights), p)`` without expanding the sample."""
+    """``np.percentile(np.repeat(values, weights), p)`` without expanding the sample: the
+    same virtual index and the same interpolation (numpy's ``_lerp``), so equal to the last
+    bit (for finite values)."""
     order = np.argsort(values, kind="stable")
     cum = weights[order]
     if cum.dtype in (np.int64, np.float64):  # the type cumsum would choose: add in place
@@ -61,13 +63,31 @@ def weighted_percentiles(
     n = int(cum[-1])
     out = []
     for p in percents:
-        pos = p / 100.0 * (n - 1)
+        pos = (n - 1) * (p / 100.0)
         lo = math.floor(pos)
         hi = min(lo + 1, n - 1)
-        v_lo = v[np.searchsorted(cum, lo + 1)]
-        v_hi = v[np.searchsorted(cum, hi + 1)]
-        out.append(float(v_lo + (pos - lo) * (v_hi - v_lo)))
+        a = float(v[np.searchsorted(cum, lo + 1)])
+        b = float(v[np.searchsorted(cum, hi + 1)])
+        out.append(_lerp(a, b, pos - lo))
     return out
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """numpy's interpolation between neighbours ``a <= b`` at ``t`` in [0, 1): from the
+    nearer one, as ``np.percentile`` computes it."""
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def percentile(values: np.ndarray, p: float) -> float:
+    """``np.percentile(values, p)`` of finite values (numpy's would import ``numpy.ma``
+    into every run, ~10 ms)."""
+    n = len(values)
+    pos = (n - 1) * (p / 100.0)
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    part = np.partition(values, (lo, hi)) if hi != lo else np.partition(values, lo)
+    return _lerp(float(part[lo]), float(part[hi]), pos - lo)
 
 
 def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
@@ -191,7 +211,7 @@ def summarize(
             "num_rejected": int((req["status"] == "rejected").sum()),
             "num_cancelled": int((req["status"] == "cancelled").sum()),
             "mean_queue_delay_ms": float(queue.mean()) if queue.size else math.nan,
-            "p99_queue_delay_ms": float(np.percentile(queue, 99)) if queue.size else math.nan,
+            "p99_queue_delay_ms": percentile(queue, 99) if queue.size else math.nan,
             "queue_delay_growth": queue_delay_growth(req["arrival_time_s"], req["queue_delay_ms"]),
             "padding_fraction": it["num_padding_tokens"] / computed_tokens
             if computed_tokens

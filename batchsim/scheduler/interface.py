@@ -41,6 +41,8 @@ from batchsim.validation import (
 )
 from batchsim.yamlio import check_plain_data
 
+_new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
+
 
 class SchedulerConfig(BaseModel):
     """The ``scheduler:`` block of an experiment. Policies read the keys they need."""
@@ -644,19 +646,19 @@ class Scheduler(abc.ABC):
         if steps <= 1:
             return 1
         kv = self.kv_cache
-        offsets = batch.cohort.offsets()
         computed, held, bs = request._computed, request._blocks, kv.block_size
+        free = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts a cached block
+        prompt_blocks = max(0, -(-(computed + remaining) // bs) - held)
+        most = batch.members * ((steps - 1) // bs + 1) + prompt_blocks  # >= need(steps)
+        if most <= free:
+            return steps
+        offsets = batch.cohort.offsets()
 
         def need(k: int) -> int:  # blocks the iterations after the first take
             tokens = k * q if k <= full else remaining
             blocks = -(-(computed + tokens) // bs) - held
             return kv.growth_from_offsets(offsets, k) + (blocks if blocks > 0 else 0)
 
-        free = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts a cached block
-        prompt_blocks = max(0, -(-(computed + remaining) // bs) - held)
-        most = batch.members * ((steps - 1) // bs + 1) + prompt_blocks  # >= need(steps)
-        if most <= free:
-            return steps
         return most_steps_that_fit(need, steps, free)
 
     def _promote(self, cohort: Cohort) -> list[tuple[int, Request]]:
@@ -830,7 +832,9 @@ class Scheduler(abc.ABC):
         elif not batch.loose and len(requests) == batch.tail:  # the cohort alone
             members = batch.members
             kv_read = batch.cohort.context_tokens()
-            shape = BatchShape(members, 0, members, 0, members, kv_read, kv_read + members, 0)
+            shape = _new_shape(
+                BatchShape, (members, 0, members, 0, members, kv_read, kv_read + members, 0, 0)
+            )
             batch.requests, batch.size = requests, members
             return SchedulerOutput(
                 requests, tokens, shape, 0, members, members, members, preempted, batch=batch
@@ -859,7 +863,7 @@ class Scheduler(abc.ABC):
             kv_read += computed
             pairs += q * computed + q * (q + 1) // 2
         n = len(requests)
-        shape = BatchShape(n, prefill, decodes, 0, sampled, kv_read, pairs, 0)
+        shape = _new_shape(BatchShape, (n, prefill, decodes, 0, sampled, kv_read, pairs, 0, 0))
         if batch is not None:
             batch.requests, batch.size = requests, n
         return SchedulerOutput(
