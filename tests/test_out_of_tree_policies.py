@@ -62,6 +62,57 @@ class TwoFewestOutputsContinuous(ContinuousScheduler):
     schedule = TwoFewestOutputs.schedule
 
 
+class NumpyTokens(Scheduler):
+    """TwoFewestOutputs with token counts as numpy integers (as a policy that computes its
+    budget with numpy would give them)."""
+
+    def schedule(self, now):
+        import numpy as np
+
+        output = TwoFewestOutputs.schedule(self, now)
+        tokens = [np.int64(q) for q in output.num_scheduled_tokens]
+        return self.make_output(output.requests, tokens, preempted=output.preempted)
+
+
+class NumpyRepeat(ContinuousScheduler):
+    """DeclaredContinuous, its promise given as a numpy integer."""
+
+    decode_stretches = True
+
+    def schedule(self, now):
+        return super().schedule(now)
+
+    def policy_max_repeat(self, output):
+        import numpy as np
+
+        return np.int64(super().policy_max_repeat(output))
+
+
+class FloatRepeat(NumpyRepeat):
+    def policy_max_repeat(self, output):
+        return 2.5
+
+
+class StartsAtOneSecond(Scheduler):
+    """TwoFewestOutputs from t = 1 s on, waking itself with a numpy integer timer."""
+
+    def schedule(self, now):
+        if now < 1:
+            return self.make_output([], [])
+        return TwoFewestOutputs.schedule(self, now)
+
+    def next_timer(self, now):
+        import numpy as np
+
+        return np.int64(1) if now < 1 else None
+
+
+class FloatTokens(Scheduler):
+    def schedule(self, now):
+        new = admit_all(self)
+        return self.make_output(new, [1.5 for r in new])
+
+
 class DeclaredContinuous(ContinuousScheduler):
     """A continuous policy that re-declares the promise after overriding schedule()."""
 
@@ -190,6 +241,32 @@ def test_a_policy_that_picks_two_of_four_decodes_is_not_fast_forwarded(policies,
     assert fast.summary["median_itl_ms"] >= 2 * decode.min() - 1e-9
 
 
+def test_a_policy_may_count_tokens_in_numpy_integers(policies):
+    # The same iterations as with python ints (the engine, compiled or not, computes with
+    # python ints; a policy need not know that).
+    ints = batchsim.run(four_at_once(f"{policies}:TwoFewestOutputs"))
+    numpy_ints = batchsim.run(four_at_once(f"{policies}:NumpyTokens"))
+    assert_same_run(numpy_ints, ints)
+    assert_same_clock(numpy_ints, ints)
+
+
+def test_a_policy_may_promise_repeats_in_numpy_integers(policies):
+    exp = tiny_experiment(scheduler={"policy": f"{policies}:NumpyRepeat"})
+    with capture_engines() as engines:
+        numpy_ints = batchsim.run(exp)
+    assert engines[0].stretch.num_stretches > 0
+    declared = {**exp["scheduler"], "policy": f"{policies}:DeclaredContinuous"}
+    ints = batchsim.run({**exp, "scheduler": declared})
+    assert_same_run(numpy_ints, ints)
+    assert_same_clock(numpy_ints, ints)
+
+
+def test_a_policy_may_set_its_timer_in_numpy_integers(policies):
+    result = batchsim.run(four_at_once(f"{policies}:StartsAtOneSecond"))
+    assert (result.requests["status"] == "finished").all()
+    assert result.iterations["start_time_s"].iloc[0] == 1.0  # woken at its timer, exactly
+
+
 def test_only_policies_that_declare_it_with_their_schedule_are_fast_forwarded(policies):
     import importlib
 
@@ -243,6 +320,8 @@ def run_cli(policy: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple
         ("ReturnsNone", "schedule() returned NoneType, not a SchedulerOutput"),
         ("TooManyTokens", "tokens for request 0, which has only 50 to compute"),
         ("ZeroTokens", "scheduled 0 tokens for request 0"),
+        ("FloatTokens", "scheduled 1.5 tokens for request 0; each scheduled request computes"),
+        ("FloatRepeat", "policy_max_repeat() returned 2.5; it must return an integer"),
         ("NotAdmitted", "request 0, which is waiting, not running"),
         ("NoBlocks", "without the KV blocks to hold them"),
         ("FrozenTimer", "next_timer() returned"),

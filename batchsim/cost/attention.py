@@ -392,10 +392,30 @@ class AttentionPricing:
         key = (rows, prefill_seqs, ctx_p, pairs_p)
         prefill = self._prefill_cache.get(key)
         if prefill is None:
-            prefill = self._prefill_rows_time(rows, prefill_seqs, ctx_p, pairs_p)
+            prefill = self._scalar_prefill_rows_time(rows, prefill_seqs, ctx_p, pairs_p)
             if len(self._prefill_cache) < _CACHE_LIMIT:
                 self._prefill_cache[key] = prefill
         return time + self.prefill_time + prefill, tc, tm
+
+    def _scalar_prefill_rows_time(
+        self, rows: int, prefill_seqs: int, ctx_p: float, pairs_p: float
+    ) -> float:
+        """:meth:`_prefill_rows_time` of python numbers, with :func:`smoothmax` inlined: the
+        same arithmetic in the same order."""
+        q = rows / prefill_seqs
+        q_pad = math.ceil(q / BLOCK_M) * BLOCK_M
+        scale = q_pad / q
+        work = pairs_p * scale + self.masked_fraction * prefill_seqs * q_pad * (q_pad - 1) / 2.0
+        p_tc = self._flops_pair * work / self.peak
+        p_tm = (
+            self._kv_elems * self.kv_dtype_bytes * (ctx_p + rows)
+            + rows * self._qo_elems * ACT_BYTES
+        ) / self.bandwidth
+        hi = p_tc if p_tc >= p_tm else p_tm
+        if hi <= 0.0:
+            return 0.0
+        lo = p_tc if p_tc < p_tm else p_tm
+        return hi * (1.0 + (lo / hi) ** self.p) ** (1.0 / self.p)
 
     def _prefill_rows_time(self, rows: Any, prefill_seqs: Any, ctx_p: Any, pairs_p: Any) -> Any:
         """Time of the prefill rows of one call (without the fixed ``prefill_time``)."""

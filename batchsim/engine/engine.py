@@ -71,7 +71,7 @@ import numpy as np
 import simpy
 from mypy_extensions import mypyc_attr
 
-from batchsim.cost import RooflineCostModel
+from batchsim.cost import BatchShape, RooflineCostModel
 from batchsim.cost.costs import StepCost
 from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.request import Request, RequestStatus
@@ -285,6 +285,25 @@ class ArrivalSource:
             user_id=user,
             prefix_segments=None if table.prefix is None else table.prefix.segments(index),
         )
+
+
+_OUTPUT_COUNTS = (
+    "num_prefill_seqs",
+    "num_decode_seqs",
+    "num_slots",
+    "num_output_tokens",
+    "num_swap_in_blocks",
+    "num_swap_out_blocks",
+    "padding_context",
+)
+"""The integer fields of a :class:`SchedulerOutput` besides its token counts."""
+
+
+def _python_int(value: Any) -> Any:
+    """``value`` as a python int if it is an integer of another type (numpy's, say)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -505,7 +524,7 @@ class Engine:
                 f"next_timer() returned {timer!r} at t={now!r} s; a timer must be a "
                 "finite time after now (or None)"
             )
-        return timer
+        return None if timer is None else float(timer)  # (a policy may use numpy numbers)
 
     def _next_external_time(self) -> float:
         """The next arrival or cancellation (inf if none is known)."""
@@ -696,7 +715,9 @@ class Engine:
                 f"schedule() returned {type(output).__name__}, not a SchedulerOutput "
                 "(build it with make_output())"
             )
-        requests, tokens = output.requests, output.num_scheduled_tokens
+        # (read as Any: the values are a policy's, checked here, not assumed to be ints)
+        requests: Any = output.requests
+        tokens: Any = output.num_scheduled_tokens
         if len(requests) != len(tokens):
             raise self._broke(
                 f"schedule() returned {len(requests)} requests but {len(tokens)} token counts"
@@ -715,20 +736,32 @@ class Engine:
             if id(request) in seen:
                 raise self._broke(f"schedule() scheduled request {rid} twice")
             seen.add(id(request))
-            if isinstance(q, bool) or not isinstance(q, numbers.Integral) or q < 1:
+            count = 0 if isinstance(q, bool) or not isinstance(q, numbers.Integral) else int(q)
+            if count < 1:
                 raise self._broke(
                     f"schedule() scheduled {q!r} tokens for request {rid}; each scheduled "
                     "request computes an integer number of tokens >= 1"
                 )
             left = request.num_remaining_tokens
-            if q > left:
+            if count > left:
                 raise self._broke(
-                    f"schedule() scheduled {q} tokens for request {rid}, which has only "
+                    f"schedule() scheduled {count} tokens for request {rid}, which has only "
                     f"{left} to compute"
                 )
-            total = request.num_computed_tokens + q
+            total = request.num_computed_tokens + count
             if kv.blocks_held(request.num_computed_tokens, total) > request.num_blocks:
                 raise self._broke(
                     f"schedule() scheduled {total} tokens of request {rid} without the KV "
                     f"blocks to hold them (it holds {request.num_blocks}; allocate() first)"
                 )
+        # Integers of other types (numpy's, say) become python ints, which the engine and the
+        # cost model compute with (and, compiled, require).
+        if any(type(q) is not int for q in tokens):
+            output.num_scheduled_tokens = [int(q) for q in tokens]
+        shape: Any = output.shape
+        if any(type(v) is not int and isinstance(v, numbers.Integral) for v in shape):
+            output.shape = BatchShape(*(_python_int(v) for v in shape))
+        for name in _OUTPUT_COUNTS:
+            value = getattr(output, name)
+            if type(value) is not int:
+                setattr(output, name, _python_int(value))

@@ -38,6 +38,7 @@ longer. This module is the one home of that shortcut:
 from __future__ import annotations
 
 import math
+import numbers
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -47,6 +48,7 @@ from batchsim.cost.costs import StepCost
 from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager, UsageRamp, expand_usage_ramps
+from batchsim.errors import PolicyError
 from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
@@ -105,12 +107,12 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     requests = output.requests
     batch = scheduler.cohort_batch(output)
     if batch is not None and batch.pure:  # the cohort alone: no look at each request
-        return cohort_repeat(kv, batch.cohort, scheduler.policy_max_repeat(output))
+        return cohort_repeat(kv, batch.cohort, policy_max_repeat(scheduler, output))
     if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):
         steps = min(r.max_tokens - r._outputs for r in requests)  # none is in a cohort
     else:
         steps = min(r.max_tokens - r.num_output_tokens for r in requests)
-    steps = min(steps, scheduler.policy_max_repeat(output))
+    steps = min(steps, policy_max_repeat(scheduler, output))
     prefix = scheduler._prefix
     if prefix is not None and steps > 1:  # the last iteration may complete a keyed block
         steps = min(steps, min(prefix.steps_to_register(r, 1) for r in requests))
@@ -126,6 +128,22 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
         if freed.size:
             steps = int(freed[0])
     return max(1, steps)
+
+
+def policy_max_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
+    """:meth:`~Scheduler.policy_max_repeat` as a python int (a policy may count in numpy
+    integers); a policy that returns anything but an integer broke a rule."""
+    policy: Any = scheduler  # (its answer is not assumed to be an int, compiled or not)
+    most = policy.policy_max_repeat(output)
+    if type(most) is int:
+        return most
+    if isinstance(most, bool) or not isinstance(most, numbers.Integral):
+        kind = type(scheduler)
+        raise PolicyError(
+            f"scheduler.policy {kind.__module__}:{kind.__qualname__}: policy_max_repeat() "
+            f"returned {most!r}; it must return an integer (1: no repeat)"
+        )
+    return int(most)
 
 
 def cohort_repeat(kv: KVCacheManager, cohort: Cohort, most: int) -> int:

@@ -668,9 +668,13 @@ class Scheduler(abc.ABC):
         running = self.running
         # Every member runs, so len(running) - cohort.n requests are outside; they are
         # usually the newest, at the end: look there first.
-        outside = [(i, running[i]) for i in range(cohort.n, len(running))]
-        if any(r._group is cohort for _, r in outside):
-            outside = [(i, r) for i, r in enumerate(running) if r._group is not cohort]
+        outside: list[tuple[int, Request]] = []
+        for i in range(cohort.n, len(running)):
+            request = running[i]
+            if request._group is cohort:  # not at the end after all: look at every one
+                outside = [(i, r) for i, r in enumerate(running) if r._group is not cohort]
+                break
+            outside.append((i, request))
         for i, request in outside:
             # (a request with keyed blocks left to compute registers them on its own)
             if cohort.can_join(request) and (self._prefix is None or self._prefix.settled(request)):
@@ -911,10 +915,13 @@ class Scheduler(abc.ABC):
                 if request.num_output_tokens >= request.max_tokens:
                     done.append((i, request))
         elif others:  # a stretch: decodes outside the cohort, or a prompt's chunks
-            decodes = [item for item in others if item[1].num_remaining_tokens == item[2] == 1]
-            for i, request, q in others:
+            decodes: list[tuple[int, Request, int]] = []
+            for item in others:
+                i, request, q = item
                 remaining = request.num_remaining_tokens
-                if remaining > q:  # chunks of q tokens, and maybe the prompt's last one
+                if remaining == q == 1:
+                    decodes.append(item)
+                elif remaining > q:  # chunks of q tokens, and maybe the prompt's last one
                     if request.first_scheduled_time != request.first_scheduled_time:
                         request.first_scheduled_time = times.start
                     full = -(-remaining // q) - 1
@@ -927,7 +934,8 @@ class Scheduler(abc.ABC):
                         request.record_tokens(first + num_steps - 1, 1, end)
                         if request.num_output_tokens >= request.max_tokens:
                             done.append((i, request))
-            kv.grow([r for _, r, _ in decodes], num_steps)
+            if decodes:
+                kv.grow([r for _, r, _ in decodes], num_steps)
             for i, request, _ in decodes:
                 request.num_computed_tokens += num_steps
                 request.record_tokens(first, num_steps, end)
