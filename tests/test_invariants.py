@@ -310,7 +310,7 @@ def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
 def chunked_arrivals(draw: st.DrawFn) -> dict[str, Any]:
     """Chunked prefill with prompts of several chunks and requests arriving while they run:
     some cancelled, some too long for the engine (rejected on arrival), some from a closed
-    loop, sometimes with prefix caching."""
+    loop, sometimes with shared prefixes and prefix caching."""
     budget = draw(st.integers(16, 128))
     scheduler = {
         "policy": "chunked_prefill",
@@ -339,10 +339,11 @@ def chunked_arrivals(draw: st.DrawFn) -> dict[str, Any]:
         workload["cancel_after_ms"] = {"dist": "uniform", "min": draw(st.floats(0, hi)), "max": hi}
     if draw(st.booleans()):  # the longest prompts are rejected when they arrive
         engine["max_model_len"] = draw(st.integers(longest // 2, longest + 40))
-    if draw(st.integers(0, 3)) == 0:
-        engine["enable_prefix_caching"] = True
     data = tiny_experiment(seed=draw(st.integers(0, 2**16)))
     data.update(scheduler=scheduler, engine=engine, workload=workload)
+    if draw(st.integers(0, 2)) == 0:  # shared prefixes, cached or not
+        engine["enable_prefix_caching"] = draw(st.booleans())
+        data["_prefix"] = prefix_rows(draw, workload["num_requests"])  # see conftest
     return data
 
 
