@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from batchsim.catalog.model import ModelSpec
-from batchsim.cost.costs import ACT_BYTES, DecodeSlopes, KernelCost, OpCost, smoothmax, vmax
+from batchsim.cost.costs import ACT_BYTES, DecodeSlopes, KernelCost, OpCost, vmax
 from batchsim.cost.shapes import BatchShape
 
 __all__ = [
@@ -400,8 +400,8 @@ class AttentionPricing:
     def _scalar_prefill_rows_time(
         self, rows: int, prefill_seqs: int, ctx_p: float, pairs_p: float
     ) -> float:
-        """:meth:`_prefill_rows_time` of python numbers, with :func:`smoothmax` inlined: the
-        same arithmetic in the same order."""
+        """:meth:`_prefill_rows_time` of python numbers, with :func:`smoothmax` inlined (the
+        same arithmetic)."""
         q = rows / prefill_seqs
         q_pad = math.ceil(q / BLOCK_M) * BLOCK_M
         scale = q_pad / q
@@ -417,18 +417,12 @@ class AttentionPricing:
         lo = p_tc if p_tc < p_tm else p_tm
         return hi * (1.0 + (lo / hi) ** self.p) ** (1.0 / self.p)
 
-    def _prefill_rows_time(self, rows: Any, prefill_seqs: Any, ctx_p: Any, pairs_p: Any) -> Any:
-        """Time of the prefill rows of one call (without the fixed ``prefill_time``)."""
-        q = rows / prefill_seqs
-        q_pad = math.ceil(q / BLOCK_M) * BLOCK_M
-        scale = q_pad / q
-        work = pairs_p * scale + self.masked_fraction * prefill_seqs * q_pad * (q_pad - 1) / 2.0
-        p_tc = self._flops_pair * work / self.peak
-        p_tm = (
-            self._kv_elems * self.kv_dtype_bytes * (ctx_p + rows)
-            + rows * self._qo_elems * ACT_BYTES
-        ) / self.bandwidth
-        return smoothmax(p_tc, p_tm, self.p)
+    def _prefill_rows_time(self, rows: Any, prefill_seqs: Any, ctx_p: Any, pairs_p: Any) -> float:
+        """Time of the prefill rows of one call (without the fixed ``prefill_time``), from
+        numbers of any type (numpy's too; never arrays)."""
+        return self._scalar_prefill_rows_time(
+            int(rows), int(prefill_seqs), float(ctx_p), float(pairs_p)
+        )
 
     def masked_pairs(self, rows: float, prefill_seqs: float) -> float:
         """Causally masked pairs the kernel still computes, times ``masked_fraction``.
