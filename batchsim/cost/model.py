@@ -383,9 +383,12 @@ class RooflineCostModel:
         The same arithmetic in the same order (equal to the last bit), without building the
         operator groups; the attention kernel's nonlinear time is cached per decode rows and
         KV blocks and per prefill rows, chunks and context, so a mixed or chunked iteration
-        costs about what a decode-only one does.
+        costs about what a decode-only one does. (The fields are read as ints, so that the
+        compiled engine computes unboxed; integers of other types are converted.)
         """
-        tokens = shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens
+        prefill = int(shape.num_prefill_tokens)
+        padding = int(shape.num_padding_tokens)
+        tokens = prefill + int(shape.num_decode_tokens) + padding
         if tokens <= 0:
             return EMPTY_STEP
         (
@@ -400,24 +403,19 @@ class RooflineCostModel:
             cw_bytes,
             cw_tm,
             qo,
-        ) = self._rest_totals(tokens, shape.num_sampled_tokens)
+        ) = self._rest_totals(tokens, int(shape.num_sampled_tokens))
         att = self.attention
         L = self._num_layers
-        pad_seqs = shape.num_padding_seqs
-        kv_tokens = shape.kv_read_tokens
-        pairs = shape.attn_pairs
+        pad_seqs = int(shape.num_padding_seqs)
+        kv_tokens = int(shape.kv_read_tokens)
+        pairs = int(shape.attn_pairs)
         kv_read = self._kv_layer_bytes * (kv_tokens + tokens)
         a_bytes = kv_read + qo
-        decodes = shape.num_decode_tokens + pad_seqs
-        rows = (
-            shape.num_prefill_tokens
-            + shape.num_padding_tokens
-            - pad_seqs
-            - shape.num_graph_padding_tokens
-        )
+        decodes = int(shape.num_decode_tokens) + pad_seqs
+        rows = prefill + padding - pad_seqs - int(shape.num_graph_padding_tokens)
         if rows or self.ideal:
             a_time, a_tc, a_tm = att.scalar_layer_time(
-                shape.num_seqs + pad_seqs, decodes, rows, kv_tokens, pairs, a_bytes / L
+                int(shape.num_seqs) + pad_seqs, decodes, rows, kv_tokens, pairs, a_bytes / L
             )
         else:  # decode rows only: AttentionPricing.scalar_layer_time, inlined
             a_tc = att._flops_pair * pairs / att.peak

@@ -376,7 +376,7 @@ class StretchRunner:
         remaining = request.num_remaining_tokens
         full = -(-remaining // q) - 1  # steps with a whole chunk
         shape = output.shape
-        decodes = shape.num_decode_tokens
+        decodes = int(shape.num_decode_tokens)  # (ints: unboxed when compiled)
         computed = request.num_computed_tokens
         cpu = engine.cpu_time(len(output.requests))
         row = engine.batch_row(output, cpu)
@@ -384,13 +384,9 @@ class StretchRunner:
         back_to_back = engine.back_to_back(now)
         step_cost = self.cost_model.step_cost
         kv_step, pairs_step = decodes + q, decodes + q * q
-        member_pairs = shape.attn_pairs - (q * computed + q * (q + 1) // 2)
-        seqs, sampled, kv_read, pairs = (
-            shape.num_seqs,
-            shape.num_sampled_tokens,
-            shape.kv_read_tokens,
-            shape.attn_pairs,
-        )
+        seqs, sampled = int(shape.num_seqs), int(shape.num_sampled_tokens)
+        kv_read, pairs = int(shape.kv_read_tokens), int(shape.attn_pairs)
+        member_pairs = pairs - (q * computed + q * (q + 1) // 2)
         # arrivals are handed over inside the stretch (a lone engine only: a replica's
         # router hands them over between passes)
         arrival = math.inf

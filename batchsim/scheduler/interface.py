@@ -617,7 +617,11 @@ class Scheduler(abc.ABC):
         """For a policy whose :meth:`schedule` is defined next to this method: how many
         consecutive iterations would run ``output`` again, each decode one token further and
         its one prompt chunk as long, further along the prompt (1: none; see
-        :mod:`batchsim.engine.stretch`)."""
+        :mod:`batchsim.engine.stretch`). The promise includes that a whole chunk takes all
+        the budget the decodes leave: a request arriving during those iterations waits and
+        changes none of them (the engine hands it to :meth:`add_request` inside the stretch),
+        and the prompt's last chunk, whose leftover budget it could take, is counted only
+        while nothing waits."""
         return 1
 
     def _chunk_stretch_limit(self, output: SchedulerOutput) -> int:
