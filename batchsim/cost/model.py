@@ -52,6 +52,14 @@ __all__ = ["WEIGHT_DTYPES", "RooflineCostModel"]
 
 _CACHE_LIMIT = 65536  # entries per memo table
 _new_step = tuple.__new__  # builds a StepCost without its Python-level __new__
+
+
+def as_int(value: Any) -> int:
+    """A shape's field as an int: the value itself if it is one (compiled: unboxed, no call
+    of ``int``), else ``int(value)`` (numpy integers, say)."""
+    return value if isinstance(value, int) else int(value)
+
+
 _NO_KERNEL = KernelCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -386,9 +394,9 @@ class RooflineCostModel:
         costs about what a decode-only one does. (The fields are read as ints, so that the
         compiled engine computes unboxed; integers of other types are converted.)
         """
-        prefill = int(shape.num_prefill_tokens)
-        padding = int(shape.num_padding_tokens)
-        tokens = prefill + int(shape.num_decode_tokens) + padding
+        prefill = as_int(shape.num_prefill_tokens)
+        padding = as_int(shape.num_padding_tokens)
+        tokens = prefill + as_int(shape.num_decode_tokens) + padding
         if tokens <= 0:
             return EMPTY_STEP
         (
@@ -403,19 +411,19 @@ class RooflineCostModel:
             cw_bytes,
             cw_tm,
             qo,
-        ) = self._rest_totals(tokens, int(shape.num_sampled_tokens))
+        ) = self._rest_totals(tokens, as_int(shape.num_sampled_tokens))
         att = self.attention
         L = self._num_layers
-        pad_seqs = int(shape.num_padding_seqs)
-        kv_tokens = int(shape.kv_read_tokens)
-        pairs = int(shape.attn_pairs)
+        pad_seqs = as_int(shape.num_padding_seqs)
+        kv_tokens = as_int(shape.kv_read_tokens)
+        pairs = as_int(shape.attn_pairs)
         kv_read = self._kv_layer_bytes * (kv_tokens + tokens)
         a_bytes = kv_read + qo
-        decodes = int(shape.num_decode_tokens) + pad_seqs
-        rows = prefill + padding - pad_seqs - int(shape.num_graph_padding_tokens)
+        decodes = as_int(shape.num_decode_tokens) + pad_seqs
+        rows = prefill + padding - pad_seqs - as_int(shape.num_graph_padding_tokens)
         if rows or self.ideal:
             a_time, a_tc, a_tm = att.scalar_layer_time(
-                int(shape.num_seqs) + pad_seqs, decodes, rows, kv_tokens, pairs, a_bytes / L
+                as_int(shape.num_seqs) + pad_seqs, decodes, rows, kv_tokens, pairs, a_bytes / L
             )
         else:  # decode rows only: AttentionPricing.scalar_layer_time, inlined
             a_tc = att._flops_pair * pairs / att.peak

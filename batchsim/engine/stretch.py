@@ -45,6 +45,7 @@ import numpy as np
 
 from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
 from batchsim.cost.costs import StepCost
+from batchsim.cost.model import as_int
 from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager, UsageRamp, expand_usage_ramps
@@ -376,7 +377,7 @@ class StretchRunner:
         remaining = request.num_remaining_tokens
         full = -(-remaining // q) - 1  # steps with a whole chunk
         shape = output.shape
-        decodes = int(shape.num_decode_tokens)  # (ints: unboxed when compiled)
+        decodes = as_int(shape.num_decode_tokens)  # (ints: unboxed when compiled)
         computed = request.num_computed_tokens
         cpu = engine.cpu_time(len(output.requests))
         row = engine.batch_row(output, cpu)
@@ -384,8 +385,8 @@ class StretchRunner:
         back_to_back = engine.back_to_back(now)
         step_cost = self.cost_model.step_cost
         kv_step, pairs_step = decodes + q, decodes + q * q
-        seqs, sampled = int(shape.num_seqs), int(shape.num_sampled_tokens)
-        kv_read, pairs = int(shape.kv_read_tokens), int(shape.attn_pairs)
+        seqs, sampled = as_int(shape.num_seqs), as_int(shape.num_sampled_tokens)
+        kv_read, pairs = as_int(shape.kv_read_tokens), as_int(shape.attn_pairs)
         member_pairs = pairs - (q * computed + q * (q + 1) // 2)
         # arrivals are handed over inside the stretch (a lone engine only: a replica's
         # router hands them over between passes)
