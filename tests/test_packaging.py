@@ -6,8 +6,10 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -71,6 +73,26 @@ def test_the_version_has_one_source(capsys):
     build = "engine compiled with mypyc" if compiled else "pure Python"
     assert capsys.readouterr().out.strip() == f"batchsim {batchsim.__version__} ({build})"
     assert importlib.metadata.version("batchsim") == batchsim.__version__
+
+
+def test_an_installed_batchsim_runs_the_compiled_engine_where_it_could_compile():
+    # pip install . compiles the engine loop (hatch_build.py) and falls back to pure Python,
+    # with a warning only, where it cannot. On a machine with a C compiler an installed
+    # batchsim (not this checkout) must be the compiled one: else a change broke the compile
+    # without failing the install, and the suite would test only the fallback.
+    if Path(batchsim.__file__).resolve().parent.parent == ROOT:
+        pytest.skip("batchsim runs from this checkout (an editable install is pure Python)")
+    if os.environ.get("BATCHSIM_PURE_PYTHON"):
+        pytest.skip("BATCHSIM_PURE_PYTHON is set: the pure-Python build was asked for")
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}): the install falls back to pure Python")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        pytest.skip("no Python headers (Python.h): the install falls back to pure Python")
+    assert cli.engine_build() == "engine compiled with mypyc", (
+        "the installed engine is pure Python although a C compiler is here: pip install . "
+        "printed why the compile failed (or set BATCHSIM_PURE_PYTHON=1 for a pure build)"
+    )
 
 
 def test_project_urls_name_no_placeholder():
