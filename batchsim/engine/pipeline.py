@@ -119,7 +119,6 @@ class PipelineEngine(Engine):
     def _step_loop(self):  # a SimPy process
         env = self.env
         scheduler = self.scheduler
-        source = self.source
         on_step = self.on_step
         in_flight = self._in_flight
         free = self.stage_free
@@ -130,10 +129,7 @@ class PipelineEngine(Engine):
                 on_step(self)
             while in_flight and in_flight[0].times.end <= now:
                 self._leave(in_flight.popleft())
-            self._deliver_due(now)
-            ended = source.exhausted()
-            if ended != scheduler.end_of_input:
-                scheduler.set_end_of_input(ended)
+            self.take_arrivals(now)
             if free[0] <= now:
                 for v in self._ready_engines():
                     output = self._schedule_visible(now, v)
