@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import weakref
@@ -267,6 +268,18 @@ def assert_same_clock(fast: Result, slow: Result) -> None:
         np.testing.assert_array_equal(a, b, err_msg=column)
     a, b = fast.requests["finish_time_s"].to_numpy(), slow.requests["finish_time_s"].to_numpy()
     np.testing.assert_array_equal(a, b, err_msg="finish_time_s")
+
+
+def assert_fast_forward_exact(data: dict[str, Any]) -> tuple[Result, Result]:
+    """Run the experiment mapping ``data`` fast-forwarded and stepped one iteration at a time;
+    assert both give the same run and the same clock; return (fast, stepped)."""
+    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
+    fast["engine"]["fast_forward"] = True
+    slow["engine"]["fast_forward"] = False
+    a, b = simulate_data(fast), simulate_data(slow)
+    assert_same_run(a, b)
+    assert_same_clock(a, b)
+    return a, b
 
 
 def assert_same_run(fast: Result, slow: Result, *, ignore: tuple[str, ...] = ()) -> None:

@@ -9,7 +9,6 @@ limits hold and the KV cache is empty at the end.
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,7 @@ from batchsim.engine.engine import Engine
 from batchsim.engine.request import RequestStatus
 from batchsim.simulation import Result
 from conftest import (
-    assert_same_clock,
-    assert_same_run,
+    assert_fast_forward_exact,
     capture_engines,
     simulate_data,
     tiny_experiment,
@@ -298,12 +296,7 @@ _IDLE_ARRIVALS = {
 def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
     # Decode stretches, priced and logged as runs, expand to exactly the iterations that
     # stepping one by one produces: every column, every request, the whole summary.
-    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
-    fast["engine"]["fast_forward"] = True
-    slow["engine"]["fast_forward"] = False
-    a, b = simulate_data(fast), simulate_data(slow)
-    assert_same_run(a, b)
-    assert_same_clock(a, b)
+    assert_fast_forward_exact(data)
 
 
 @st.composite
@@ -353,12 +346,7 @@ def test_arrivals_during_prompt_chunks_change_nothing_fast_forward_skips(data):
     # A stretch of prompt chunks takes the arrivals (and rejections, cancellations of the
     # requests just arrived) at the iteration starts where stepping's passes take them, and
     # goes on: the same iterations and requests as stepping one iteration at a time.
-    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
-    fast["engine"]["fast_forward"] = True
-    slow["engine"]["fast_forward"] = False
-    a, b = simulate_data(fast), simulate_data(slow)
-    assert_same_run(a, b)
-    assert_same_clock(a, b)
+    assert_fast_forward_exact(data)
 
 
 def test_continuous_mixed_iteration_stays_within_token_budget(tmp_path: Path):
@@ -710,12 +698,7 @@ def test_fast_forward_equals_stepping_on_clusters(data):
     # replica inside a stretch, must match stepping: the same routes, the same run. In a
     # disaggregated cluster also the hand-offs, the KV blocks taken for transfers and given
     # back, and the transfers' times.
-    fast, slow = copy.deepcopy(data), copy.deepcopy(data)
-    fast["engine"]["fast_forward"] = True
-    slow["engine"]["fast_forward"] = False
-    a, b = simulate_data(fast), simulate_data(slow)
-    assert_same_run(a, b)
-    assert_same_clock(a, b)
+    a, b = assert_fast_forward_exact(data)
     assert a.requests["replica"].tolist() == b.requests["replica"].tolist()
     if "disaggregation" in data["cluster"]:
         for column in ("prefill_replica", "decode_replica", "kv_transfer_bytes"):

@@ -724,6 +724,7 @@ class Engine:
             )
         kv = self.scheduler.kv_cache
         seen: set[int] = set()
+        python_ints = True
         for request, q in zip(requests, tokens):
             if not isinstance(request, Request):
                 raise self._broke(f"schedule() returned {request!r} as a request")
@@ -737,6 +738,7 @@ class Engine:
                 raise self._broke(f"schedule() scheduled request {rid} twice")
             seen.add(id(request))
             count = 0 if isinstance(q, bool) or not isinstance(q, numbers.Integral) else int(q)
+            python_ints = python_ints and type(q) is int
             if count < 1:
                 raise self._broke(
                     f"schedule() scheduled {q!r} tokens for request {rid}; each scheduled "
@@ -756,7 +758,7 @@ class Engine:
                 )
         # Integers of other types (numpy's, say) become python ints, which the engine and the
         # cost model compute with (and, compiled, require).
-        if any(type(q) is not int for q in tokens):
+        if not python_ints:
             output.num_scheduled_tokens = [int(q) for q in tokens]
         shape: Any = output.shape
         if any(type(v) is not int and isinstance(v, numbers.Integral) for v in shape):
