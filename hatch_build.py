@@ -28,13 +28,20 @@ COMPILED = (
     "batchsim/cost/model.py",
     "batchsim/engine/cohort.py",
     "batchsim/engine/engine.py",
+    "batchsim/engine/kv_cache.py",
     "batchsim/engine/request.py",
     "batchsim/engine/stretch.py",
     "batchsim/metrics/logs.py",
+    "batchsim/scheduler/interface.py",
+    "batchsim/scheduler/output.py",
 )
-"""The modules compiled: the iteration loop and what it calls at every iteration. Classes of
-these modules that other code subclasses are marked ``mypyc_attr(allow_interpreted_subclasses=
-True)``; policies (``batchsim.scheduler``) stay Python, so that anyone can subclass them."""
+"""The modules compiled: the iteration loop and what it calls at every iteration, the
+mechanism every policy shares (:mod:`batchsim.scheduler.interface`) included. Classes of
+these modules that other code subclasses (:class:`~batchsim.scheduler.Scheduler`, the KV
+cache, the scheduler's output) are marked ``mypyc_attr(allow_interpreted_subclasses=True)``:
+the policies stay Python, so that anyone can subclass them and override any method, as in a
+pure-Python install. Nothing pydantic is compiled (the ``scheduler:`` block lives in
+:mod:`batchsim.scheduler.config` for that reason)."""
 
 PURE_ENV = "BATCHSIM_PURE_PYTHON"
 

@@ -338,16 +338,15 @@ def _cmd_list(args: argparse.Namespace) -> int:
             "(experiment key > preset > hardware profile); sources in frameworks/NAME.yaml"
         )
     elif args.kind == "policies":
-        from batchsim.scheduler.registry import POLICIES
+        from batchsim.scheduler.registry import POLICIES, policy_summary
 
         rows = []
         for name, cls in POLICIES.items():
-            doc = ((cls.__module__ and sys.modules[cls.__module__].__doc__) or "").strip()
             rows.append(
                 {
                     "policy": name,
                     "keys": ", ".join(sorted(cls.config_keys - {"policy"})),
-                    "what": doc.splitlines()[0] if doc else "",
+                    "what": policy_summary(cls),
                 }
             )
         _print_rows(rows)

@@ -30,7 +30,7 @@ from batchsim.catalog import catalog_dir
 from batchsim.catalog.frameworks import apply_framework
 from batchsim.cluster.config import ClusterConfig, check_cluster
 from batchsim.errors import ConfigError
-from batchsim.scheduler.interface import SchedulerConfig
+from batchsim.scheduler.config import SchedulerConfig
 from batchsim.scheduler.registry import load_policy
 from batchsim.validation import (
     MAX_GB,

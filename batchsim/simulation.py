@@ -48,7 +48,13 @@ from batchsim.engine.engine import Engine, EngineOptions
 from batchsim.engine.kv_cache import KVCacheManager, kv_capacity_blocks
 from batchsim.engine.pipeline import PipelineEngine
 from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager
-from batchsim.errors import ConfigError, write_error
+from batchsim.errors import (
+    BatchsimError,
+    ConfigError,
+    PolicyError,
+    describe_exception,
+    write_error,
+)
 from batchsim.metrics.logs import (
     ITERATION_COLUMNS,
     REQUEST_COLUMNS,
@@ -66,7 +72,7 @@ from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import TableStream, _jsonable, write_csv, write_parquet
 from batchsim.scheduler.interface import Scheduler
-from batchsim.scheduler.registry import load_policy
+from batchsim.scheduler.registry import POLICIES, load_policy
 from batchsim.scheduler.speculative import (
     SPECULATIVE_POLICIES,
     SpeculativeScheduler,
@@ -692,6 +698,29 @@ def draft_cost_model(
         raise ConfigError(f"engine.speculative.draft_model {draft.name}: {exc.message}") from None
 
 
+def _make_policy(
+    policy_cls: type[Scheduler],
+    config: ExperimentConfig,
+    kv: KVCacheManager,
+    window: int | None,
+    max_len: int | None,
+) -> Scheduler:
+    """The policy over ``kv``. One written elsewhere that raises while it is made broke a rule:
+    the error names it (the compiled build also raises when it assigns an attribute that
+    :class:`Scheduler` declares a value of another type, ``max_num_seqs = 8.0`` say)."""
+    if getattr(policy_cls, "speculative_base", policy_cls) in POLICIES.values():
+        return policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
+    try:
+        return policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
+    except BatchsimError:
+        raise
+    except Exception as exc:
+        raise PolicyError(
+            f"scheduler.policy {policy_cls.__module__}:{policy_cls.__qualname__}: __init__() "
+            f"raised {describe_exception(exc)}"
+        ) from None
+
+
 def engine_parts(
     config: ExperimentConfig, setup: Setup, policy_cls: type[Scheduler]
 ) -> tuple[KVCacheManager, Scheduler, EngineOptions]:
@@ -721,7 +750,7 @@ def engine_parts(
     spec = engine_cfg.speculative
     if spec is not None:
         policy_cls = speculative_policy(policy_cls)
-    scheduler = policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
+    scheduler = _make_policy(policy_cls, config, kv, window, max_len)
     if spec is not None:
         assert isinstance(scheduler, SpeculativeScheduler)
         scheduler.speculator = Speculator(spec, config.seed, setup.draft_cost_model)

@@ -784,6 +784,7 @@ def test_validate_rejects_a_duration_with_no_arrival_like_run(tmp_path, capsys) 
         ("exiting_policy_mod:P", "importing module 'exiting_policy_mod' failed with SystemExit"),
         ("broken_syntax_policy_mod:P", "failed with SyntaxError"),
         ("plain_class_policy_mod:P", "is not a batchsim.scheduler.Scheduler subclass"),
+        ("abstract_policy_mod:P", "is abstract (it does not implement schedule)"),
     ],
 )
 def test_bad_policy_string_exits_2_with_one_line(
@@ -794,6 +795,10 @@ def test_bad_policy_string_exits_2_with_one_line(
     write(modules / "exiting_policy_mod.py", "import sys\nsys.exit(3)\n")
     write(modules / "broken_syntax_policy_mod.py", "def f(:\n")
     write(modules / "plain_class_policy_mod.py", "class P:\n    pass\n")
+    write(
+        modules / "abstract_policy_mod.py",
+        "from batchsim.scheduler import Scheduler\n\nclass P(Scheduler):\n    pass\n",
+    )
     monkeypatch.syspath_prepend(str(modules))
     for name in list(sys.modules):
         if name.endswith("_policy_mod"):

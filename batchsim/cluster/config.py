@@ -275,7 +275,7 @@ def group_experiments(config: ExperimentConfig) -> list[tuple[int, ExperimentCon
             ``cluster.replicas[i].<block>.<key>``.
     """
     from batchsim.config import EngineConfig, ParallelConfig
-    from batchsim.scheduler.interface import SchedulerConfig
+    from batchsim.scheduler.config import SchedulerConfig
     from batchsim.scheduler.registry import load_policy
 
     assert config.cluster is not None, "not a cluster"

@@ -365,7 +365,8 @@ class Engine:
         self._add_request = scheduler.add_request
         if getattr(link, "receives_transfers", False):  # a decode instance: KV comes with it
             self._add_request = scheduler.add_transferred
-        self.policy_name = f"{policy.__module__}:{policy.__qualname__}"
+        kind: Any = policy  # (read as a class object, compiled or not)
+        self.policy_name = f"{kind.__module__}:{kind.__qualname__}"
         self.slot_log = SlotLog() if options.record_slots else None
         self.guarded = getattr(policy, "speculative_base", policy) not in POLICIES.values()
         """Check the policy at every call (policies written outside batchsim)."""
@@ -374,7 +375,7 @@ class Engine:
             link is None
             and self.fast_forward
             and not self.guarded
-            and policy.__dict__.get("drains_cohort", False) is True
+            and kind.__dict__.get("drains_cohort", False) is True
             and scheduler._cohort is not None
             and scheduler._prefix is None
             and not cost_model.ideal
@@ -560,8 +561,9 @@ class Engine:
                 link.begin_pass(now)
             self.take_arrivals(now)
             if guarded:
-                output = self._call("schedule", scheduler.schedule_iteration, now)
-                self._check_output(output)
+                checked = self._call("schedule", scheduler.schedule_iteration, now)
+                self._check_output(checked)
+                output = checked
             else:
                 output = scheduler.schedule_iteration(now)
             if output.is_empty:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from batchsim.engine.request import Request
 from batchsim.errors import ConfigError
@@ -81,6 +82,7 @@ def most_steps_that_fit(need: Callable[[int], int], limit: int, free: int) -> in
     return lo
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KVCacheManager:
     """Block accounting for the whole engine: the GPU pool and the host swap space.
 
@@ -126,11 +128,22 @@ class KVCacheManager:
         assert 0 <= watermark_blocks < num_blocks and (window is None or window >= 1)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.num_free_blocks = num_blocks
+        self._free = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.num_free_cpu_blocks = num_cpu_blocks
         self.window = window
         self.watermark_blocks = watermark_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks allocation may take. A property, so that a subclass may act when it is
+        lowered (prefix caching evicts idle cached blocks then), the compiled build included
+        (compiled code reads a plain attribute directly, past a subclass's property)."""
+        return self._free
+
+    @num_free_blocks.setter
+    def num_free_blocks(self, value: int) -> None:
+        self._free = value
 
     @property
     def num_empty_blocks(self) -> int:

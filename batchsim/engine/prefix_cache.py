@@ -152,7 +152,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         super().__init__(num_blocks, block_size, num_cpu_blocks, watermark_blocks=watermark_blocks)
 
     # ---------------------------------------------------------------- free blocks
-    @property  # type: ignore[override]
+    @property
     def num_free_blocks(self) -> int:
         """Blocks allocation may take: empty ones and idle cached ones."""
         return self._free

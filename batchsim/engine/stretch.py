@@ -139,7 +139,7 @@ def policy_max_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
     if type(most) is int:
         return most
     if isinstance(most, bool) or not isinstance(most, numbers.Integral):
-        kind = type(scheduler)
+        kind: Any = type(scheduler)
         raise PolicyError(
             f"scheduler.policy {kind.__module__}:{kind.__qualname__}: policy_max_repeat() "
             f"returned {most!r}; it must return an integer (1: no repeat)"

@@ -18,11 +18,10 @@ This module imports no simpy and nothing from the engine loop.
 
 from __future__ import annotations
 
-import abc
 from collections import deque
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from mypy_extensions import mypyc_attr
 
 from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
@@ -30,55 +29,14 @@ from batchsim.engine.kv_cache import KVCacheManager, most_steps_that_fit, num_bl
 from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
+from batchsim.scheduler.config import SchedulerConfig
 from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
-from batchsim.validation import (
-    MAX_BATCH_TOKENS,
-    MAX_MS,
-    MAX_REQUESTS,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-)
-from batchsim.yamlio import check_plain_data
 
 _new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
 
 
-class SchedulerConfig(BaseModel):
-    """The ``scheduler:`` block of an experiment. Policies read the keys they need."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    policy: str = "continuous"
-    """static | dynamic | continuous | chunked_prefill, or ``package.module:Class``."""
-    max_num_seqs: StrictInt = Field(256, ge=1, le=MAX_REQUESTS)
-    """Batch cap B: most requests in one iteration (and, for request-level policies, in a batch)."""
-    max_num_batched_tokens: StrictInt = Field(8192, ge=1, le=MAX_BATCH_TOKENS)
-    """Most new tokens in one iteration (B x S); the chunked-prefill token budget."""
-    max_wait_ms: StrictFloat = Field(50.0, ge=0, le=MAX_MS)
-    """dynamic: launch a batch when the oldest queued request has waited this long (ms)."""
-    padding: StrictBool = True
-    """static/dynamic: pad prompts to the longest one and keep computing finished rows
-    (naive batched generate); false packs tokens and skips finished rows."""
-    mix_prefill_decode: StrictBool = False
-    """continuous: false = an iteration with prefills runs no decodes (vLLM v0);
-    true = prefills and decodes share the iteration (Orca selective batching)."""
-    preemption_mode: Literal["recompute", "swap"] = "recompute"
-    """What happens to a request evicted from a full KV cache: ``recompute`` drops its KV and
-    recomputes it when the request is scheduled again (vLLM's default); ``swap`` copies its
-    blocks to host memory (``engine.swap_space_gib``) and back before it resumes, paying the
-    host link's transfer time; when the swap space is full it recomputes instead."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Free-form settings for out-of-tree policies (``package.module:Class``): plain data
-    (strings, finite numbers, booleans, null, lists, mappings), bounded like a YAML file."""
-
-    @field_validator("options")
-    @classmethod
-    def _plain_bounded_data(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_plain_data(value)
-
-
-class Scheduler(abc.ABC):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Scheduler:
     """Base class of batching policies.
 
     Subclasses implement :meth:`schedule` (and optionally :meth:`next_timer`,
@@ -94,6 +52,11 @@ class Scheduler(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    abstract_methods: ClassVar[tuple[str, ...]] = ("schedule",)
+    """The methods a policy must define (:func:`~batchsim.scheduler.registry.load_policy`
+    refuses a class that does not). Not an ``abc.ABC``: the compiled build compiles this class,
+    and a compiled class with a Python base would hold its subclasses' ``__dict__`` and weak
+    references in a layout of its own."""
     config_keys: ClassVar[frozenset[str]] = frozenset({"policy", "max_num_seqs"})
     """Keys of :class:`SchedulerConfig` the policy reads (others are reported as unused)."""
     reserves_full_sequence: ClassVar[bool] = False
@@ -253,28 +216,30 @@ class Scheduler(abc.ABC):
         batch at the end of input."""
         self.end_of_input = ended
 
-    def schedule_iteration(self, now: float) -> SchedulerOutput:
+    def schedule_iteration(self, now: float) -> Any:
         """The next iteration: the policy's :meth:`schedule`, with the KV blocks it copied
-        between GPU and host memory (swaps) attached to the output."""
+        between GPU and host memory (swaps) attached to the output. Returns what ``schedule()``
+        returned, unchecked: the engine checks a policy written elsewhere."""
         self._swap_in_blocks = self._swap_out_blocks = 0
         transferred = self.transferred
         if transferred:
             self._admit_transferred(transferred)
-        output = self.schedule(now)
+        policy: Any = self  # (its answer is not assumed to be a SchedulerOutput, compiled or not)
+        output = policy.schedule(now)
         if transferred and output.is_empty and len(self.running) < self.max_num_seqs:
             # the policy preempted its last running request: a request whose KV is here
             # takes the slot at this boundary (else nothing would wake the engine for it)
             self._admit_transferred(transferred)
-            output = self.schedule(now)
+            output = policy.schedule(now)
         if self._swap_in_blocks or self._swap_out_blocks:
             output.num_swap_in_blocks = self._swap_in_blocks
             output.num_swap_out_blocks = self._swap_out_blocks
         return output
 
-    @abc.abstractmethod
     def schedule(self, now: float) -> SchedulerOutput:
         """Choose the next iteration's requests and tokens (empty output = nothing runnable).
         Build the output with :meth:`make_output`."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement schedule()")
 
     def next_timer(self, now: float) -> float | None:
         """A future time at which :meth:`schedule` may decide differently with no arrival
@@ -384,7 +349,8 @@ class Scheduler(abc.ABC):
         sampled: list[bool] = []
         num_outputs = num_decode = 0
         plain = self._cohort is None or not self._cohort.n  # no request is in a cohort
-        for request, q in zip(requests, num_tokens):
+        counts: Any = num_tokens  # (a policy's; the engine checks them, compiled or not)
+        for request, q in zip(requests, counts):
             if plain:
                 c, outputs = request._computed, request._outputs
             else:
@@ -394,7 +360,7 @@ class Scheduler(abc.ABC):
             is_decode = left == 1 and outputs > 0
             decode.append(is_decode)
             num_decode += is_decode
-            samples = q == left
+            samples = bool(q == left)
             sampled.append(samples)
             num_outputs += samples
         contexts = computed if padded_context is None else [padded_context] * len(requests)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.request import Request, RequestStatus
@@ -41,6 +43,7 @@ class CohortBatch:
         return not self.loose and self.tail == self.members == self.size
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SchedulerOutput:
     """The composition of one iteration (vLLM: ``SchedulerOutput``).
 

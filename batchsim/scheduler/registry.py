@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import TypeVar, cast
 
@@ -20,6 +22,24 @@ POLICIES: dict[str, type[Scheduler]] = {
     cls.name: cls
     for cls in (StaticScheduler, DynamicScheduler, ContinuousScheduler, ChunkedPrefillScheduler)
 }
+
+
+def policy_summary(policy: type[Scheduler]) -> str:
+    """The first line of the docstring of the module that defines ``policy`` ("" if none).
+
+    A module the compiled build compiled has no ``__doc__`` at run time: its docstring is read
+    from the ``.py`` file shipped next to it."""
+    module = sys.modules.get(policy.__module__)
+    doc = getattr(module, "__doc__", None)
+    origin = getattr(module, "__file__", None)
+    if doc is None and origin:
+        source = Path(origin).with_name(policy.__module__.rpartition(".")[2] + ".py")
+        try:
+            doc = ast.get_docstring(ast.parse(source.read_text(encoding="utf-8")))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            doc = None
+    lines = (doc or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _import_from_cwd_too(module_name: str) -> ModuleType:
@@ -98,9 +118,17 @@ def load_class(
         if cls is None:
             raise ConfigError(f"{key}: module {module_name!r} has no attribute {class_name!r}")
         raise ConfigError(f"{key}: {name!r} is not a {base_name} subclass")
-    if inspect.isabstract(cls):
-        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        raise ConfigError(f"{key}: {name!r} is abstract (it does not implement {missing})")
+    missing = sorted(getattr(cls, "__abstractmethods__", None) or ())
+    if not missing:  # a compiled base class has no __abstractmethods__: it lists them
+        missing = [
+            method
+            for method in getattr(base, "abstract_methods", ())
+            if getattr(cls, method, None) is getattr(base, method, None)
+        ]
+    if missing or inspect.isabstract(cls):
+        raise ConfigError(
+            f"{key}: {name!r} is abstract (it does not implement {', '.join(missing)})"
+        )
     return cast("type[T]", cls)
 
 

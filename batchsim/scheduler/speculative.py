@@ -37,7 +37,6 @@ extended by :func:`speculative_policy`.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, ClassVar
 
@@ -356,12 +355,17 @@ class SpeculativeScheduler(Scheduler):
         super().on_request_left(request)
 
 
-@functools.cache
 def speculative_policy(policy: type[Scheduler]) -> type[Scheduler]:
     """``policy`` (a built-in continuous or chunked_prefill policy) running speculative
-    decoding."""
-    return type(
-        f"Speculative{policy.__name__}",
-        (SpeculativeScheduler, policy),
-        {"speculative_base": policy, "__module__": __name__},
-    )
+    decoding (one class per policy)."""
+    made = _SPECULATIVE.get(policy)
+    if made is None:
+        made = _SPECULATIVE[policy] = type(
+            f"Speculative{policy.__name__}",
+            (SpeculativeScheduler, policy),
+            {"speculative_base": policy, "__module__": __name__},
+        )
+    return made
+
+
+_SPECULATIVE: dict[type[Scheduler], type[Scheduler]] = {}
