@@ -72,7 +72,7 @@ from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import TableStream, _jsonable, write_csv, write_parquet
 from batchsim.scheduler.interface import Scheduler
-from batchsim.scheduler.registry import POLICIES, load_policy
+from batchsim.scheduler.registry import built_in, load_policy, policy_name
 from batchsim.scheduler.speculative import (
     SPECULATIVE_POLICIES,
     SpeculativeScheduler,
@@ -708,16 +708,16 @@ def _make_policy(
     """The policy over ``kv``. One written elsewhere that raises while it is made broke a rule:
     the error names it (the compiled build also raises when it assigns an attribute that
     :class:`Scheduler` declares a value of another type, ``max_num_seqs = 8.0`` say)."""
-    if getattr(policy_cls, "speculative_base", policy_cls) in POLICIES.values():
-        return policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
     try:
         return policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
     except BatchsimError:
         raise
     except Exception as exc:
+        if built_in(policy_cls):
+            raise
         raise PolicyError(
-            f"scheduler.policy {policy_cls.__module__}:{policy_cls.__qualname__}: __init__() "
-            f"raised {describe_exception(exc)}"
+            f"scheduler.policy {policy_name(policy_cls)}: __init__() raised "
+            f"{describe_exception(exc)}"
         ) from None
 
 

@@ -81,7 +81,7 @@ from batchsim.metrics.logs import TIME_EPS, IterationLog, RequestLog
 from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
-from batchsim.scheduler.registry import POLICIES
+from batchsim.scheduler.registry import built_in, policy_name
 from batchsim.workload import RequestTable
 
 if TYPE_CHECKING:
@@ -365,17 +365,16 @@ class Engine:
         self._add_request = scheduler.add_request
         if getattr(link, "receives_transfers", False):  # a decode instance: KV comes with it
             self._add_request = scheduler.add_transferred
-        kind: Any = policy  # (read as a class object, compiled or not)
-        self.policy_name = f"{kind.__module__}:{kind.__qualname__}"
+        self.policy_name = policy_name(policy)
         self.slot_log = SlotLog() if options.record_slots else None
-        self.guarded = getattr(policy, "speculative_base", policy) not in POLICIES.values()
+        self.guarded = not built_in(policy)
         """Check the policy at every call (policies written outside batchsim)."""
         self.on_step = on_step
         self.drains = (
             link is None
             and self.fast_forward
             and not self.guarded
-            and kind.__dict__.get("drains_cohort", False) is True
+            and vars(policy).get("drains_cohort", False) is True
             and scheduler._cohort is not None
             and scheduler._prefix is None
             and not cost_model.ideal

@@ -52,6 +52,7 @@ from batchsim.engine.kv_cache import KVCacheManager, UsageRamp, expand_usage_ram
 from batchsim.errors import PolicyError
 from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
+from batchsim.scheduler.registry import policy_name
 
 if TYPE_CHECKING:
     from batchsim.engine.engine import Engine
@@ -139,9 +140,8 @@ def policy_max_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
     if type(most) is int:
         return most
     if isinstance(most, bool) or not isinstance(most, numbers.Integral):
-        kind: Any = type(scheduler)
         raise PolicyError(
-            f"scheduler.policy {kind.__module__}:{kind.__qualname__}: policy_max_repeat() "
+            f"scheduler.policy {policy_name(type(scheduler))}: policy_max_repeat() "
             f"returned {most!r}; it must return an integer (1: no repeat)"
         )
     return int(most)
