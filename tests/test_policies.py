@@ -8,6 +8,7 @@ import pytest
 
 from batchsim.engine.request import RequestStatus
 from batchsim.engine.stretch import repeat_limit
+from batchsim.scheduler.output import StepTimes
 from conftest import create_requests, create_scheduler, step
 
 
@@ -307,3 +308,43 @@ def test_admission_leaves_the_watermark_free_and_running_requests_grow_into_it()
     assert out.requests == [a, b] and not out.preempted
     assert a.num_blocks == b.num_blocks == 5 and s.kv_cache.num_free_blocks == 0
     assert c.status == RequestStatus.WAITING  # admission would have left the mark free
+
+
+@pytest.mark.parametrize(
+    ("policy", "config"),
+    [
+        ("continuous", {}),
+        ("continuous", {"mix_prefill_decode": True}),
+        ("continuous", {"preemption_mode": "swap"}),
+        ("chunked_prefill", {"max_num_batched_tokens": 48}),
+    ],
+)
+def test_an_iteration_keeps_its_requests_whatever_the_scheduler_does_next(policy, config):
+    # Requests arrive, finish, are preempted (a small KV pool), swapped and cancelled while
+    # earlier iterations' outputs are kept: each output's requests must stay what schedule()
+    # returned, however the running set changes afterwards.
+    s = create_scheduler(policy, num_blocks=14, block_size=4, num_cpu_blocks=8, **config)
+    requests = create_requests(12, prompt=10, output=14)
+    held = []
+    index = 0
+    for t in range(1000):
+        if t < len(requests):
+            s.add_request(requests[t])
+        if t == 20:
+            for r in requests[:6]:
+                if r.status == RequestStatus.RUNNING:
+                    s.cancel(r, float(t))  # the first one running
+                    break
+        out = s.schedule_iteration(float(t))
+        held.append((out, list(out.requests)))
+        if out.requests:
+            s.update_from_output(out, StepTimes(index, float(t), t + 1.0))
+            index += 1
+        if not s.has_unfinished_requests() and t >= len(requests):
+            break
+    assert not s.has_unfinished_requests()
+    assert any(out.preempted for out, _ in held), "no preemption: the pool is too large"
+    assert any(out.batch is not None and out.batch.pure for out, _ in held)
+    assert sum(r.status == RequestStatus.CANCELLED for r in requests) == 1
+    for out, requests_then in held:
+        assert out.requests == requests_then

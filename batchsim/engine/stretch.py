@@ -320,7 +320,6 @@ class StretchRunner:
         scheduler = engine.scheduler
         kv = scheduler.kv_cache
         log = self.log
-        running = scheduler.running
         on_step = engine.on_step
         graph_max = engine.options.cuda_graph_max_batch_size
         rows = self._pure_rows
@@ -331,6 +330,7 @@ class StretchRunner:
                 break
             if on_step is not None:
                 on_step(engine)
+            running = scheduler.running  # (a member leaving may have replaced it)
             n = cohort.n
             kv_read = cohort.context_tokens()
             shape = _new_shape(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0))

@@ -20,6 +20,7 @@ class ChunkedPrefillScheduler(Scheduler):
     config_keys = frozenset({"policy", "max_num_seqs", "max_num_batched_tokens", "preemption_mode"})
     decode_stretches = True
     drains_cohort = True
+    lends_running = True
 
     def schedule(self, now: float) -> SchedulerOutput:
         preempted: list[Request] = []

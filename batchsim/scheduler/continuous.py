@@ -37,6 +37,7 @@ class ContinuousScheduler(Scheduler):
     )
     decode_stretches = True
     drains_cohort = True
+    lends_running = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -78,6 +78,14 @@ class Scheduler:
     admitted (:meth:`admits_head`): its next iteration is then :meth:`_cohort_iteration`,
     and the engine runs its decode stretches on through their members' last tokens."""
 
+    lends_running: ClassVar[bool] = False
+    """Declared (not inherited) by a built-in policy whose :meth:`schedule` adds to the
+    requests :meth:`_schedule_running_batch` returns only requests it put into ``running``
+    through this class's methods: an iteration of the cohort alone then holds the running
+    list itself as its requests, instead of a copy (work per iteration independent of the
+    batch), and the next change to ``running`` copies it first (:meth:`_own_running`), so
+    the iteration's requests stay as they were."""
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -103,6 +111,9 @@ class Scheduler:
         self._swap_in_blocks = 0  # copied during the current schedule_iteration()
         self._swap_out_blocks = 0
         policy = type(self)
+        self._lends = vars(policy).get("lends_running", False) is True
+        self._lent: list[Request] | None = None
+        """The running list an iteration holds as its requests (see :attr:`lends_running`)."""
         self._own_helpers = (
             policy.schedule_running is Scheduler.schedule_running
             and policy.make_output is Scheduler.make_output
@@ -182,8 +193,17 @@ class Scheduler:
         self.transferred.append(request)
         return True
 
-    def _admit_transferred(self, transferred: deque[Request]) -> None:
+    def _own_running(self) -> list[Request]:
+        """``running``, to change in place: a copy of it first if an iteration holds it as its
+        requests (:attr:`lends_running`)."""
         running = self.running
+        if running is self._lent:
+            running = self.running = running.copy()
+            self._lent = None
+        return running
+
+    def _admit_transferred(self, transferred: deque[Request]) -> None:
+        running = self._own_running()
         while transferred and len(running) < self.max_num_seqs:
             request = transferred.popleft()
             request.status = RequestStatus.RUNNING
@@ -194,7 +214,7 @@ class Scheduler:
         if request.status.is_final:
             return
         if request.status == RequestStatus.RUNNING:
-            self.running.remove(request)
+            self._own_running().remove(request)
         elif request.status == RequestStatus.SWAPPED:
             self.swapped.remove(request)
         elif self.transferred and request in self.transferred:
@@ -313,7 +333,7 @@ class Scheduler:
             request.status = RequestStatus.FINISHED
             request.finish_time = end
             self.kv_cache.free(request)
-            self.running.remove(request)
+            self._own_running().remove(request)
             self.on_request_left(request)
 
     def on_request_left(self, request: Request) -> None:
@@ -394,7 +414,7 @@ class Scheduler:
         popped = self.waiting.popleft()
         assert popped is request, "admit() takes the head of the waiting queue"
         request.status = RequestStatus.RUNNING
-        self.running.append(request)
+        self._own_running().append(request)
 
     def admit_waiting(
         self,
@@ -477,7 +497,7 @@ class Scheduler:
         """Evict a running request. By recompute: free its KV and send it to the front of the
         waiting queue. By swap (``preemption_mode: swap``, when the host swap space has
         room): copy its blocks to host memory and queue it to resume with its progress."""
-        self.running.remove(request)
+        self._own_running().remove(request)
         request.num_preemptions += 1
         kv = self.kv_cache
         if self.config.preemption_mode == "swap" and kv.can_swap_out(request):
@@ -507,7 +527,7 @@ class Scheduler:
             self.swapped.popleft()
             self._swap_in_blocks += kv.swap_in(request, request.num_computed_tokens + q)
             request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            self._own_running().append(request)
             requests.append(request)
             tokens.append(q)
             token_budget -= q
@@ -539,7 +559,7 @@ class Scheduler:
         requests: list[Request] = []
         tokens: list[int] = []
         i = 0
-        running = self.running
+        running = self._own_running()  # (a preemption below changes it in place)
         block = self.kv_cache.block_size
         windowed = self.kv_cache.window is not None  # blocks may be freed: always allocate
         while i < len(running) and token_budget > 0:
@@ -669,6 +689,9 @@ class Scheduler:
                 kv.num_free_blocks -= need
                 cohort.ahead = 1
                 batch = CohortBatch(cohort, cohort.version, n, [], n)
+                if self._lends:
+                    self._lent = running
+                    return running, [1] * n, token_budget - n, batch
                 return running.copy(), [1] * n, token_budget - n, batch
         if cohort is not None and n and token_budget > 0:
             loose = self._promote(cohort) if cohort.n != n else []
