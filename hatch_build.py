@@ -2,7 +2,7 @@
 
 ``pip install .`` builds a wheel in which the modules of the engine's iteration loop (listed
 in :data:`COMPILED`) are also compiled to C extensions by mypyc, from the same Python source:
-the simulation runs about 2.3x faster (a whole ``batchsim run``, start-up and output
+the simulation runs about 2.2x faster (a whole ``batchsim run``, start-up and output
 included, 1.6x). The ``.py`` files ship next to them, and Python imports the compiled module
 when both are there.
 
