@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import BatchsimError, ConfigError
+from batchsim.version import __version__
 
 if TYPE_CHECKING:
     from batchsim.config import ExperimentConfig, load_experiment
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from batchsim.studies.capacity import capacity
     from batchsim.studies.sweep import sweep
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchsimError",

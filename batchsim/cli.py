@@ -628,7 +628,7 @@ def engine_build() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``batchsim`` argument parser with its four commands."""
     parser = _Parser(prog="batchsim", description=DESCRIPTION, epilog=EPILOG)
-    from batchsim import __version__
+    from batchsim.version import __version__
 
     parser.add_argument(
         "--version",

@@ -23,14 +23,13 @@ from pydantic import (
     ValidationError,
     field_validator,
     model_serializer,
-    model_validator,
 )
 
 from batchsim.catalog import catalog_dir
 from batchsim.catalog.frameworks import apply_framework
 from batchsim.cluster.config import ClusterConfig, check_cluster
 from batchsim.errors import ConfigError
-from batchsim.scheduler.config import SchedulerConfig
+from batchsim.scheduler.config import SchedulerConfig, SpeculativeConfig
 from batchsim.scheduler.registry import load_policy
 from batchsim.validation import (
     MAX_GB,
@@ -67,96 +66,6 @@ class ParallelConfig(ConfigModel):
     """Pipeline stages P: the layers are split into P consecutive stages of
     ``tensor_parallel_size`` GPUs each (TP x PP GPUs per engine); up to P batches are in
     flight, one per stage (see :mod:`batchsim.engine.pipeline`). 1: no pipeline."""
-
-
-class AcceptanceDist(ConfigModel):
-    """A per-request acceptance rate drawn from a distribution: ``{dist: beta, a, b}``
-    (mean a / (a + b)) or ``{dist: uniform, low, high}``."""
-
-    dist: Literal["beta", "uniform"]
-    a: StrictFloat | None = Field(None, gt=0, le=1e6)
-    """beta: first shape parameter."""
-    b: StrictFloat | None = Field(None, gt=0, le=1e6)
-    """beta: second shape parameter."""
-    low: StrictFloat | None = Field(None, ge=0, le=1)
-    """uniform: lowest rate."""
-    high: StrictFloat | None = Field(None, ge=0, le=1)
-    """uniform: highest rate."""
-
-    @model_validator(mode="after")
-    def _parameters(self) -> AcceptanceDist:
-        need = ("a", "b") if self.dist == "beta" else ("low", "high")
-        for key in ("a", "b", "low", "high"):
-            given = getattr(self, key) is not None
-            if key in need and not given:
-                raise FieldError(key, f"is required with dist: {self.dist}")
-            if key not in need and given:
-                raise FieldError(key, f"does not apply to dist: {self.dist}")
-        if self.low is not None and self.high is not None and self.high < self.low:
-            raise FieldError("high", f"must be >= low ({self.low}), got {self.high}")
-        return self
-
-    @property
-    def mean(self) -> float:
-        if self.dist == "beta":
-            assert self.a is not None and self.b is not None
-            return self.a / (self.a + self.b)
-        assert self.low is not None and self.high is not None
-        return (self.low + self.high) / 2
-
-
-MAX_SPECULATIVE_TOKENS = 64
-
-
-class SpeculativeConfig(ConfigModel):
-    """``engine.speculative:`` — speculative decoding (Leviathan et al.; vLLM's
-    ``speculative_config``): each decode iteration proposes ``num_speculative_tokens`` tokens
-    per decoding request, the target model verifies them in one pass over k + 1 rows, and the
-    leading accepted drafts plus one bonus token are emitted."""
-
-    method: Literal["draft", "ngram", "eagle"]
-    """``draft``: a small model of the catalog on the same GPUs; ``ngram``: prompt lookup
-    (no model); ``eagle``: a draft head whose cost per proposed token is given."""
-    draft_model: str | None = None
-    """method draft: the draft model (catalog name or YAML path)."""
-    num_speculative_tokens: StrictInt = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
-    """k: tokens proposed per decoding request and iteration."""
-    acceptance_rate: StrictFloat | AcceptanceDist
-    """alpha: probability that each proposed token is accepted (given the ones before it
-    were), fixed or drawn per request from ``{dist: beta, a, b}`` / ``{dist: uniform, low,
-    high}``."""
-    proposer_ms_per_token: StrictFloat = Field(0.0, ge=0, le=MAX_STEP_MS)
-    """ngram/eagle: GPU time of one proposal step of the batch (one token per request), ms."""
-
-    @field_validator("acceptance_rate", mode="before")
-    @classmethod
-    def _rate(cls, value: Any) -> Any:
-        if isinstance(value, AcceptanceDist):
-            return value
-        if isinstance(value, Mapping):
-            try:
-                return AcceptanceDist.model_validate(value)
-            except ValidationError as exc:  # one line naming the nested key
-                error = config_error_from_pydantic(exc, "", model=AcceptanceDist)
-                raise FieldError("", f"{{dist: ...}}: {error.message}") from None
-        problem = number_problem(value, ge=0, le=1)
-        if problem:
-            raise FieldError("", f"{problem} (a probability in [0, 1], or {{dist: beta, a, b}})")
-        return float(value)
-
-    @model_validator(mode="after")
-    def _method_keys(self) -> SpeculativeConfig:
-        if self.method == "draft":
-            if self.draft_model is None:
-                raise FieldError("draft_model", "is required with method: draft")
-            if self.proposer_ms_per_token:
-                raise FieldError(
-                    "proposer_ms_per_token",
-                    "does not apply to method: draft (the draft model is priced)",
-                )
-        elif self.draft_model is not None:
-            raise FieldError("draft_model", f"applies to method: draft only, not {self.method}")
-        return self
 
 
 class EngineConfig(ConfigModel):

@@ -64,7 +64,7 @@ def test_the_version_has_one_source(capsys):
     project = _pyproject()
     assert "version" not in project["project"]
     assert project["project"]["dynamic"] == ["version"]
-    assert project["tool"]["hatch"]["version"]["path"] == "batchsim/__init__.py"
+    assert project["tool"]["hatch"]["version"]["path"] == "batchsim/version.py"
     assert cli.main(["--version"]) == 0
     # and whether the engine that runs is the mypyc-compiled one (hatch_build.py)
     from batchsim.engine import engine

@@ -59,7 +59,7 @@ def top_level(modules: list[str]) -> set[str]:
     return {name.split(".")[0] for name in modules}
 
 
-def test_import_batchsim_loads_only_its_errors(tmp_path):
+def test_import_batchsim_loads_only_its_errors_and_version(tmp_path):
     out = loaded_after(
         """
         import json, sys
@@ -68,7 +68,7 @@ def test_import_batchsim_loads_only_its_errors(tmp_path):
         """,
         tmp_path,
     )
-    assert out == ["batchsim", "batchsim.errors"]
+    assert out == ["batchsim", "batchsim.errors", "batchsim.version"]
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ at least one sampled), not finished, and holding exactly the blocks of its compu
 :meth:`~batchsim.scheduler.Scheduler.schedule` that took the blocks of every member's next
 token and the update that computes it). Only used without a sliding window.
 
-This module imports only :mod:`batchsim.engine.request` and :mod:`batchsim.engine.kv_cache`.
+This module imports only :mod:`batchsim.engine.request`, whose :class:`~batchsim.engine.request.
+Group` it implements.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 
-from batchsim.engine.request import HANDED_OFF, Request
+from batchsim.engine.request import HANDED_OFF, Group, Request
 
 _COMPACT_MIN = 256
 """Runs of ticks kept before the ones no member needs are dropped."""
 
 
-class Cohort:
+class Cohort(Group):
     """Running decodes advanced one token per iteration together.
 
     Args:
@@ -60,24 +61,17 @@ class Cohort:
         "_run_iterations",
         "_run_ticks",
         "_tickets",
-        "ahead",
-        "block_size",
-        "last_iteration",
         "n",
         "residues",
-        "steps",
         "sum_base",
         "version",
     )
 
     def __init__(self, block_size: int):
-        self.block_size = block_size
-        self.steps = 0
-        self.ahead = 0
+        super().__init__(block_size)
         self.n = 0
         self.sum_base = 0
         self.residues = [0] * block_size
-        self.last_iteration = -1
         self.version = 0
         self._tickets = 0
         self._members: dict[int, Request] = {}

@@ -6,10 +6,10 @@ far (``num_tokens``); an iteration computes some of the missing ones, and when i
 end of the known sequence the request samples one new token. Prefill, chunked prefill, decode
 and recompute after preemption are all the same rule.
 
-A running decode of a built-in policy may belong to a :class:`~batchsim.engine.cohort.Cohort`:
-the decodes that advance together, one token per iteration. Its progress (computed and output
-tokens, KV blocks, token runs) is then kept by the cohort and read through the same attributes;
-assigning any of them takes the request out of the cohort first.
+A running decode of a built-in policy may belong to a :class:`Group` of decodes that advance
+together, one token per iteration (the :class:`~batchsim.engine.cohort.Cohort`). Its progress
+(computed and output tokens, KV blocks, token runs) is then kept by the group and read through
+the same attributes; assigning any of them takes the request out of the group first.
 
 This module imports nothing from the rest of batchsim.
 """
@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from batchsim.engine.cohort import Cohort
+from typing import Any
 
 NAN = math.nan
 HANDED_OFF = -2
@@ -74,6 +71,34 @@ _FIELDS = (
     "token_segments",
     "prefix_segments",
 )
+
+
+class Group:
+    """What a request reads of the group of decodes it advances with: the part of
+    :class:`~batchsim.engine.cohort.Cohort` that :class:`Request`'s attributes need.
+
+    Attributes:
+        steps: Iterations the group has run; a member's progress is its own plus ``steps``.
+        ahead: 1 when the blocks of every member's next token are taken, else 0.
+        block_size: Tokens per KV block.
+        last_iteration: The iteration of the group's latest step (-1: none).
+    """
+
+    __slots__ = ("ahead", "block_size", "last_iteration", "steps")
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.steps = 0
+        self.ahead = 0
+        self.last_iteration = -1
+
+    def detach(self, r: Request) -> None:
+        """Take member ``r`` out: its progress, blocks and token runs become its own again."""
+        raise NotImplementedError
+
+    def segments_of(self, r: Request) -> list[int]:
+        """``r.token_segments`` of a member, as if it had recorded its steps itself."""
+        raise NotImplementedError
 
 
 class Request:
@@ -187,8 +212,8 @@ class Request:
         self._last = last_token_iteration
         self._segments = [] if token_segments is None else token_segments
         self.prefix_segments = prefix_segments
-        self._group: Cohort | None = None
-        self._joined = 0  # cohort step at which the request joined
+        self._group: Group | None = None
+        self._joined = 0  # group step at which the request joined
         self._ticket = 0  # which membership (a request may join, leave and join again)
         self._prefix: Any = None  # its block keys and cache references (prefix caching only)
 

@@ -49,8 +49,8 @@ from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
 if TYPE_CHECKING:
-    from batchsim.config import SpeculativeConfig
     from batchsim.cost import RooflineCostModel
+    from batchsim.scheduler.config import SpeculativeConfig
 
 SPECULATIVE_STREAM = 1000
 """First spawn key of the acceptance streams (see the module)."""

@@ -128,7 +128,7 @@ class FileDigests:
     def key(self, config: ExperimentConfig) -> str:
         """The point key: a hash of the config, the files it names (by path, or built-in
         catalog entries by name) and batchsim's version."""
-        from batchsim import __version__
+        from batchsim.version import __version__
 
         data = config.model_dump()
         if data.get("output") == _DEFAULT_OUTPUT:  # the key it had before output: existed

@@ -352,7 +352,7 @@ def write_table(table: pd.DataFrame, root: Path, stem: str) -> None:
 
 def write_marker(plan: SweepPlan, root: Path, num_points: int) -> None:
     """``sweep.json``: what the study is (read by ``batchsim plot``/``report`` and resume)."""
-    from batchsim import __version__
+    from batchsim.version import __version__
 
     record = {
         "kind": plan.kind,
