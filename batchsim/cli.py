@@ -160,8 +160,9 @@ def _replicas_line(replicas: Any) -> str:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from batchsim.config import ExperimentSource, parse_override
+    from batchsim.outputs import StagedOutput, check_output_dir
     from batchsim.progress import RunProgress
-    from batchsim.simulation import StagedOutput, check_output_dir, simulate
+    from batchsim.simulation import simulate
 
     overrides = dict(parse_override(item) for item in args.set)
     if args.format is not None:  # the same as --set output.format=FORMAT, given last
@@ -216,14 +217,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from batchsim.config import load_experiment, parse_override, unused_scheduler_keys
+    from batchsim.deployment import assemble
     from batchsim.scheduler.registry import load_policy
-    from batchsim.simulation import build
     from batchsim.workload import generate, trace_notes
 
     overrides = dict(parse_override(item) for item in args.set)
     config = load_experiment(args.experiment, overrides)
     policy = load_policy(config.scheduler.policy)
-    setup = build(config)
+    deployment = assemble(config)  # everything built, nothing run
     from batchsim.config import ExperimentSource
     from batchsim.studies.sweep import block_axes
 
@@ -241,26 +242,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             f"note: scheduler.{key} is not used by policy {config.scheduler.policy}",
             file=sys.stderr,
         )
+    groups = deployment.groups
     if config.cluster is None:
-        print(f"{args.experiment}: ok — {_engine_line(config, setup)}")
+        print(f"{args.experiment}: ok — {_engine_line(config, groups[0].setup)}")
         return 0
-    from batchsim.cluster.replicas import build_groups
-
-    groups = build_groups(config)
     if config.cluster.disaggregation is not None:
-        from batchsim.cluster.disaggregation import transfer_model
-
-        transfer_model(config, groups[0][2], groups[1][2])  # the pools' KV dtypes agree
         print(f"{args.experiment}: ok — {_pools_line(config.cluster)}:")
-        for pool, (count, experiment, group_setup) in zip(("prefill", "decode"), groups):
-            print(f"  {pool}: {count} x {_engine_line(experiment, group_setup)}")
+        for group in groups:
+            print(f"  {group.pool}: {group.count} x {_engine_line(group.experiment, group.setup)}")
         return 0
     print(
         f"{args.experiment}: ok — {config.cluster.num_replicas} replicas behind "
         f"{config.cluster.router}:"
     )
-    for count, experiment, group_setup in groups:
-        print(f"  {count} x {_engine_line(experiment, group_setup)}")
+    for group in groups:
+        print(f"  {group.count} x {_engine_line(group.experiment, group.setup)}")
     return 0
 
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import settings
 
 from batchsim import simulation
+from batchsim.deployment import engines as deployment_engines
 from batchsim.config import validate_experiment
 from batchsim.engine.engine import Engine
 from batchsim.engine.kv_cache import KVCacheManager
@@ -153,7 +154,7 @@ def capture_engines() -> Iterator[list[Engine]]:
         engines.append(engine)
         return engine
 
-    with mock.patch.object(simulation, "Engine", build):
+    with mock.patch.object(deployment_engines, "Engine", build):
         yield engines
 
 

@@ -26,7 +26,8 @@ from batchsim.cluster.router import ROUTERS, make_router, router_rng
 from batchsim.config import validate_experiment
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.errors import ConfigError, RouterError
-from batchsim.simulation import ALL_OUTPUT_FILES, Result, simulate
+from batchsim.outputs import ALL_OUTPUT_FILES
+from batchsim.simulation import Result, simulate
 from conftest import assert_same_clock, assert_same_run, assert_summaries_match, tiny_experiment
 
 
@@ -515,7 +516,7 @@ def test_config_yaml_of_a_cluster_run_reruns_it_identically(tmp_path):
 def test_a_request_routed_during_a_stretch_cuts_it_at_the_next_iteration_end(
     user_routers, tmp_path, monkeypatch
 ):
-    from batchsim.engine.plan import StretchPlan
+    from batchsim.cluster.plan import StretchPlan
 
     # request 0 decodes 300 tokens alone on replica 0 (one fast-forwarded stretch); requests
     # 1 and 2 arrive during it and are routed to the busy replica 0 by the Busiest router

@@ -596,8 +596,9 @@ def test_runs_with_the_same_model_gpu_and_terms_share_one_cost_model_with_the_sa
     # A sweep's points that share model, GPU and engine terms reuse one cost model (its
     # per-shape prices carry over); a run priced by a fresh cost model and one priced by a
     # cost model warmed by another run give identical tables.
-    from batchsim import simulation
+    from batchsim import deployment, simulation
     from batchsim.config import validate_experiment
+    from batchsim.deployment import setup as setup_module
     from conftest import tiny_experiment
 
     def config(**engine):
@@ -605,20 +606,20 @@ def test_runs_with_the_same_model_gpu_and_terms_share_one_cost_model_with_the_sa
         data["engine"] = {**data.get("engine", {}), **engine}
         return validate_experiment(data)
 
-    simulation._COST_MODELS.clear()
+    setup_module._COST_MODELS.clear()
     fresh = simulation.simulate(config())
-    first = simulation.build(config()).cost_model
-    assert simulation.build(config()).cost_model is first
+    first = deployment.engine_setup(config()).cost_model
+    assert deployment.engine_setup(config()).cost_model is first
     other = simulation.simulate(config(num_gpu_blocks=64))  # warms the same cost model more
-    assert simulation.build(config(num_gpu_blocks=64)).cost_model is first
+    assert deployment.engine_setup(config(num_gpu_blocks=64)).cost_model is first
     warm = simulation.simulate(config())
     assert warm.iterations.equals(fresh.iterations) and warm.requests.equals(fresh.requests)
     assert other.summary["completed"] == fresh.summary["completed"]
     # other terms, other cost models
-    assert simulation.build(config(all_reduce_latency_us=5.0)).cost_model is not first
-    assert simulation.build(config(dtype="fp16")).cost_model is not first
-    assert simulation.build(config(dtype="fp16")).cost_model.dtype == "fp16"
+    assert deployment.engine_setup(config(all_reduce_latency_us=5.0)).cost_model is not first
+    assert deployment.engine_setup(config(dtype="fp16")).cost_model is not first
+    assert deployment.engine_setup(config(dtype="fp16")).cost_model.dtype == "fp16"
     # a bounded number of them is kept
     for latency in range(20):
-        simulation.build(config(all_reduce_latency_us=float(latency)))
-    assert len(simulation._COST_MODELS) <= simulation._COST_MODELS_KEPT
+        deployment.engine_setup(config(all_reduce_latency_us=float(latency)))
+    assert len(setup_module._COST_MODELS) <= setup_module._COST_MODELS_KEPT

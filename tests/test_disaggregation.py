@@ -24,7 +24,7 @@ from test_invariants import CANCELLED_BEHIND_A_WAITER, disaggregated_experiments
 
 from batchsim import cli
 from batchsim.catalog import catalog_dir
-from batchsim.engine import handoff
+from batchsim.cluster import handoff
 from batchsim.errors import ConfigError
 from batchsim.simulation import Result
 from conftest import simulate_data, tiny_experiment

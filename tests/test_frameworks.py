@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchsim import cli, simulation
+from batchsim import cli, deployment
 from batchsim.catalog.frameworks import framework_names, load_framework
-from batchsim.config import FrameworkName, load_experiment, validate_experiment
+from batchsim.config import (
+    FrameworkName,
+    load_experiment,
+    unused_scheduler_keys,
+    validate_experiment,
+)
 from batchsim.cost.shapes import BatchShape, cuda_graph_padded, cuda_graph_size
 from batchsim.errors import ConfigError
 from conftest import assert_fast_forward_exact, simulate_data, tiny_experiment
@@ -114,7 +119,7 @@ def test_explicit_keys_beat_the_preset_and_the_preset_beats_the_profile(tmp_path
     # a key no one sets comes from the hardware profile: lmdeploy has no all-reduce latency
     lm = validate_experiment(tiny_experiment(engine={"framework": "lmdeploy"}))
     assert lm.engine.all_reduce_latency_us is None
-    setup = simulation.build(lm)
+    setup = deployment.engine_setup(lm)
     assert setup.cost_model.all_reduce.latency == pytest.approx(31e-6)  # a100-80gb.yaml
 
 
@@ -124,7 +129,7 @@ def test_preset_scheduler_keys_the_policy_does_not_read_are_left_out():
     data = tiny_experiment(engine={"framework": "vllm-v1"}, scheduler={"policy": "static"})
     config = validate_experiment(data)
     assert config.scheduler.max_num_batched_tokens == 8192  # the schema default
-    assert simulation.unused_scheduler_keys(config, frozenset({"policy", "max_num_seqs"})) == []
+    assert unused_scheduler_keys(config, frozenset({"policy", "max_num_seqs"})) == []
 
 
 @pytest.mark.parametrize("value", ["vllm-v9", 3])
@@ -193,7 +198,7 @@ def test_decode_batch_of_nine_runs_as_sixteen_rows():
         num_graph_padding_tokens=7,
     )
     config = validate_experiment(batch_of(9, prompt=prompt, framework="vllm-v1"))
-    cost_model = simulation.build(config).cost_model
+    cost_model = deployment.engine_setup(config).cost_model
     expected = cost_model.estimate(shape)
     assert first["duration_ms"] == pytest.approx(expected.time * 1e3, rel=1e-12)
     sixteen = cost_model.estimate(BatchShape.decode(16, prompt))
@@ -241,7 +246,7 @@ def test_all_reduce_latency_changes_a_tp2_iteration_by_latency_times_two_per_lay
 
     def time(engine: dict) -> float:
         data = tiny_experiment(engine=engine, parallel={"tensor_parallel_size": 2})
-        return simulation.build(validate_experiment(data)).cost_model.estimate(shape).time
+        return deployment.engine_setup(validate_experiment(data)).cost_model.estimate(shape).time
 
     nccl = time({})  # the hardware profile: 31 us
     vllm = time({"framework": "vllm-v1"})  # 8.8 us
@@ -250,15 +255,22 @@ def test_all_reduce_latency_changes_a_tp2_iteration_by_latency_times_two_per_lay
     assert vllm - sglang == pytest.approx((8.8 - 3.9) * 1e-6 * 2 * layers, rel=1e-9)
     # on one GPU there is no all-reduce, so the preset's latency changes nothing
     one = tiny_experiment(engine={"all_reduce_latency_us": 1.0})
-    base = simulation.build(validate_experiment(tiny_experiment())).cost_model.estimate(shape)
-    assert simulation.build(validate_experiment(one)).cost_model.estimate(shape).time == base.time
+    base = deployment.engine_setup(validate_experiment(tiny_experiment())).cost_model.estimate(
+        shape
+    )
+    assert (
+        deployment.engine_setup(validate_experiment(one)).cost_model.estimate(shape).time
+        == base.time
+    )
 
 
 def test_launch_overhead_key_replaces_the_profiles():
     shape = BatchShape.decode(4, 100)
-    base = simulation.build(validate_experiment(tiny_experiment())).cost_model.estimate(shape)
+    base = deployment.engine_setup(validate_experiment(tiny_experiment())).cost_model.estimate(
+        shape
+    )
     data = tiny_experiment(engine={"launch_overhead_ms": 0.35})
-    other = simulation.build(validate_experiment(data)).cost_model.estimate(shape)
+    other = deployment.engine_setup(validate_experiment(data)).cost_model.estimate(shape)
     assert other.time - base.time == pytest.approx((0.35 - 0.1) * 1e-3, rel=1e-9)
 
 

@@ -448,7 +448,7 @@ def disaggregated_experiments(draw: st.DrawFn) -> dict[str, Any]:
 def run_cluster(data: dict[str, Any]) -> tuple[Result, list[Engine]]:
     from unittest import mock
 
-    from batchsim.cluster import replicas as replicas_module
+    from batchsim.deployment import engines as deployment_engines
 
     engines: list[Engine] = []
 
@@ -457,7 +457,7 @@ def run_cluster(data: dict[str, Any]) -> tuple[Result, list[Engine]]:
             super().__init__(*args, **kwargs)
             engines.append(self)
 
-    with mock.patch.object(replicas_module, "Engine", RecordingEngine):
+    with mock.patch.object(deployment_engines, "Engine", RecordingEngine):
         result = simulate_data(data)
     return result, engines
 

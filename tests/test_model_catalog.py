@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsim import cli, simulation
+from batchsim import cli, deployment, simulation
 from batchsim.catalog import catalog_names
 from batchsim.catalog.model import ModelSpec, load_model, model_table
 from batchsim.config import validate_experiment
@@ -475,7 +475,7 @@ def _smoke_experiment(model: str, hardware: str, tp: int, dtype: str = "bf16") -
 def test_short_experiment_runs_with_each_new_model(name: str) -> None:
     hardware, tp, dtype = RUN_SETUPS.get(name, ("a100-80gb", 1, "bf16"))
     config = validate_experiment(_smoke_experiment(name, hardware, tp, dtype))
-    setup = simulation.build(config)
+    setup = deployment.engine_setup(config)
     model = setup.model
     if model.is_hybrid_attention:  # run with full attention on every layer: no engine window
         assert model.sliding_window is None

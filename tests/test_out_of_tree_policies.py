@@ -16,7 +16,7 @@ import pytest
 import batchsim
 from batchsim import cli
 from batchsim.engine import engine as engine_module
-from batchsim.engine.stretch import stretches_allowed
+from batchsim.engine.repeat import stretches_allowed
 from batchsim.scheduler import POLICIES, Scheduler
 from batchsim.scheduler.continuous import ContinuousScheduler
 from conftest import assert_same_clock, assert_same_run, capture_engines, tiny_experiment

@@ -26,10 +26,11 @@ from batchsim.catalog.model import load_model
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape, RooflineCostModel
 from batchsim.cost.pipeline import PipelineCostModel, stage_layers
+from batchsim.deployment import engine_setup
 from batchsim.engine import pipeline as pipeline_module
 from batchsim.engine.pipeline import PipelineEngine
 from batchsim.errors import ConfigError
-from batchsim.simulation import build, simulate
+from batchsim.simulation import simulate
 from conftest import capture_engines, tiny_experiment
 
 # a100-80gb.yaml: interconnect_bandwidth_gb_s 300, efficiency.interconnect 0.91,
@@ -133,7 +134,7 @@ def test_kv_capacity_is_the_stage_with_least_room_by_hand():
     """Llama-2-7B, 2 stages of 16 layers on A100-80GB: stage 1 holds the lm_head and final
     norm, a little more than stage 0's embedding, so it sets the pool."""
     data = pp_experiment(2, engine={"activation_reserve_gb": 2.0, "gpu_memory_utilization": 0.9})
-    setup = build(validate_experiment(data))
+    setup = engine_setup(validate_experiment(data))
     layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096  # attention, MLP, two norms
     stage0 = 16 * layer + 32000 * 4096
     stage1 = 16 * layer + 32000 * 4096 + 4096
@@ -143,7 +144,7 @@ def test_kv_capacity_is_the_stage_with_least_room_by_hand():
     assert setup.num_gpu_blocks == expected
     assert expected == int((free - 2 * stage1) // (kv_per_token * 16))
     # twice the blocks of one GPU holding the whole model, a bit more (half the weights)
-    whole = build(validate_experiment(pp_experiment(1, engine=data["engine"])))
+    whole = engine_setup(validate_experiment(pp_experiment(1, engine=data["engine"])))
     assert setup.num_gpu_blocks > 2 * whole.num_gpu_blocks
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from batchsim.engine.repeat import repeat_limit
 from batchsim.engine.request import RequestStatus
-from batchsim.engine.stretch import repeat_limit
 from batchsim.scheduler.output import StepTimes
 from conftest import create_requests, create_scheduler, step
 

@@ -23,11 +23,12 @@ from test_invariants import experiments
 from batchsim import cli
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
+from batchsim.deployment import engine_setup
 from batchsim.engine.engine import Engine
 from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager, block_keys
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
-from batchsim.simulation import Result, build
+from batchsim.simulation import Result
 from conftest import (
     assert_same_clock,
     assert_same_run,
@@ -109,7 +110,9 @@ def test_each_request_after_the_first_reuses_the_shared_prefix_and_prefills_only
     assert result.summary["prefix_cache_hit_rate"] == pytest.approx(
         sum(expected_cached) / sum(prompts), rel=1e-12
     )
-    cost_model = build(validate_experiment({k: v for k, v in data.items() if k != "_prefix"}))
+    cost_model = engine_setup(
+        validate_experiment({k: v for k, v in data.items() if k != "_prefix"})
+    )
     for prompt, cached, ttft_ms in zip(prompts, expected_cached, req["ttft_ms"]):
         q = prompt - cached  # one prefill row each, over `cached` cached tokens; it samples
         shape = BatchShape(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsim import simulation
+from batchsim import deployment, simulation
 from batchsim.config import SpeculativeConfig, validate_experiment
 from batchsim.cost import BatchShape
 from batchsim.engine.engine import Engine
@@ -109,7 +109,9 @@ def test_alpha_zero_is_slower_than_no_speculation_by_the_draft_and_verification_
     prompt, output, k = 300, 12, 3
     plain = simulate_data(one_request(prompt, output, None))
     slow = simulate_data(one_request(prompt, output, spec("draft", k, 0.0)))
-    setup = simulation.build(validate_experiment(one_request(prompt, output, spec("draft", k))))
+    setup = deployment.engine_setup(
+        validate_experiment(one_request(prompt, output, spec("draft", k)))
+    )
     target, draft = setup.cost_model, setup.draft_cost_model
     assert draft is not None
     expected_extra = []
@@ -221,9 +223,9 @@ def test_token_budget_counts_verification_rows():
 
 
 def test_draft_model_kv_and_weights_shrink_the_block_pool():
-    plain = simulation.build(validate_experiment(tiny_experiment()))
-    setup = simulation.build(validate_experiment(spec_experiment()))
-    ngram = simulation.build(
+    plain = deployment.engine_setup(validate_experiment(tiny_experiment()))
+    setup = deployment.engine_setup(validate_experiment(spec_experiment()))
+    ngram = deployment.engine_setup(
         validate_experiment(tiny_experiment(engine={"speculative": spec("ngram")}))
     )
     assert ngram.num_gpu_blocks == plain.num_gpu_blocks
@@ -357,7 +359,7 @@ def test_settings_speculation_does_not_run_with_are_refused(overrides, message):
     for key, value in overrides.items():
         data[key] = {**data[key], **value} if isinstance(data[key], dict) else value
     with pytest.raises(ConfigError) as info:
-        simulation.build(validate_experiment(data))
+        deployment.engine_setup(validate_experiment(data))
     assert message in str(info.value) and "\n" not in str(info.value)
 
 

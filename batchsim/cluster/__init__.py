@@ -1,12 +1,15 @@
-"""Many engine replicas behind a router (the ``cluster:`` block).
+"""Many engines on one SimPy environment: the routers and the runtime of a cluster.
 
-- :mod:`.config`: the ``cluster:`` block (replicas or groups of replicas, router, overhead);
+- :mod:`.config`: the ``cluster:`` block (replicas or groups of replicas, router, overhead,
+  disaggregated pools);
 - :mod:`.router`: the routers, one class each, and ``package.module:Class`` loading;
-- :mod:`.replicas`: building the replica engines of a run, running them, and merging their
-  records into the cluster's tables.
+- :mod:`.dispatch`: the router process, the replicas' inboxes and links, and the
+  same-instant rule of a cluster's events;
+- :mod:`.plan`: a replica's stretches, priced when they start and logged when they end;
+- :mod:`.handoff`: a disaggregated cluster's prefill-to-decode hand-off and KV transfers.
 
-The SimPy side (the router process, the replicas' inboxes and the same-instant rule) lives in
-:mod:`batchsim.engine.dispatch`.
+Building a cluster's engines from an experiment and merging their records is
+:mod:`batchsim.deployment`'s.
 """
 
 from batchsim.cluster.config import ClusterConfig, ReplicaGroup

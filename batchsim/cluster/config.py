@@ -30,17 +30,18 @@ or, instead of ``replicas``, a prefill pool and a decode pool (disaggregated ser
         decode_router: least_kv
 
 ``cluster.router`` then routes arrivals to the prefill pool, and ``decode_router`` picks the
-decode instance of each request whose prompt is done (:mod:`batchsim.cluster.disaggregation`).
+decode instance of each request whose prompt is done (:mod:`batchsim.deployment.disaggregated`).
 A pool's ``hardware``, ``parallel``, ``engine`` and ``scheduler`` work as a group's; the
 prefill instances are replicas 0 .. P-1, the decode instances P .. P+D-1.
 
-This module builds nothing; it imports neither simpy nor the engine.
+This module builds nothing; it imports neither simpy nor the engine. The checks that need the
+whole experiment are :mod:`batchsim.config.groups`'.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -57,9 +58,6 @@ from batchsim.validation import (
     number_problem,
 )
 from batchsim.yamlio import check_plain_data
-
-if TYPE_CHECKING:
-    from batchsim.config import ExperimentConfig
 
 MAX_REPLICAS = 65536
 """Most replicas of one cluster."""
@@ -263,85 +261,3 @@ class ClusterConfig(ConfigModel):
     @property
     def num_replicas(self) -> int:
         return sum(group.count for group in self.groups)
-
-
-def group_experiments(config: ExperimentConfig) -> list[tuple[int, ExperimentConfig]]:
-    """Each group of ``config.cluster`` as (its replica count, the experiment one of its
-    replicas runs: the experiment's blocks with the group's keys set, without ``cluster``).
-
-    Raises:
-        ConfigError: A group's key is not valid in its block, or a group's scheduler
-            settings do not suit its policy; the message names
-            ``cluster.replicas[i].<block>.<key>``.
-    """
-    from batchsim.config import EngineConfig, ParallelConfig
-    from batchsim.scheduler.config import SchedulerConfig
-    from batchsim.scheduler.registry import load_policy
-
-    assert config.cluster is not None, "not a cluster"
-    blocks: tuple[tuple[str, type[ConfigModel] | type[SchedulerConfig]], ...] = (
-        ("parallel", ParallelConfig),
-        ("engine", EngineConfig),
-        ("scheduler", SchedulerConfig),
-    )
-    out = []
-    for i, group in enumerate(config.cluster.groups):
-        where = config.cluster.group_key(i)
-        update: dict[str, Any] = {"cluster": None}
-        if group.hardware is not None:
-            if not group.hardware.strip():
-                raise ConfigError(f"{where}.hardware must not be empty")
-            update["hardware"] = group.hardware
-        for name, model in blocks:
-            override = getattr(group, name)
-            if not override:
-                continue
-            if name == "engine" and override.get("framework", config.engine.framework) != (
-                config.engine.framework
-            ):
-                raise ConfigError(
-                    f"{where}.engine.framework: a group cannot change the serving-engine "
-                    "preset (it is applied to the whole experiment before the groups); set "
-                    "the group's engine and scheduler keys instead"
-                )
-            merged = {**getattr(config, name).model_dump(), **override}
-            try:
-                update[name] = model.model_validate(merged)
-            except ValidationError as exc:
-                raise config_error_from_pydantic(exc, f"{where}.{name}", model=model) from None
-        if "scheduler" in update:
-            scheduler = update["scheduler"]
-            try:
-                load_policy(scheduler.policy, f"{where}.scheduler.policy").check_config(scheduler)
-            except ConfigError as exc:
-                message = exc.message
-                if message.startswith("scheduler."):
-                    message = f"{where}.{message}"
-                raise ConfigError(message) from None
-        out.append((group.count, config.model_copy(update=update)))
-    return out
-
-
-def check_cluster(config: ExperimentConfig) -> None:
-    """The checks of ``cluster:`` that need the whole experiment (its groups' blocks, the
-    router, the settings a cluster does not support).
-
-    Raises:
-        ConfigError: Naming the key.
-    """
-    from batchsim.cluster.router import load_router
-
-    cluster = config.cluster
-    if cluster is None:
-        return
-    load_router(cluster.router)
-    if cluster.disaggregation is not None:
-        from batchsim.cluster.disaggregation import check_disaggregation
-
-        check_disaggregation(config)
-    if config.metrics.record_slots:
-        raise ConfigError(
-            "metrics.record_slots is not supported with cluster: (the slots of many replicas "
-            "would share one timeline); record them on a run of one replica"
-        )
-    group_experiments(config)

@@ -2,7 +2,7 @@
 
 A router is a :class:`Router` subclass with one method,
 ``route(request, replicas, now) -> index``. It sees each replica through a read-only
-:class:`~batchsim.engine.dispatch.ReplicaView` of that instant: ``outstanding`` (requests in
+:class:`~batchsim.cluster.dispatch.ReplicaView` of that instant: ``outstanding`` (requests in
 flight: waiting, running or swapped, on their way included), ``waiting``, ``running``,
 ``swapped``, ``kv_cache_usage``, ``num_cached_prefix_blocks`` (of this request, 0 without
 prefix caching), ``hardware``, ``tensor_parallel_size`` and ``index``. ``request`` is the
@@ -44,7 +44,7 @@ from batchsim.scheduler.registry import load_class
 
 if TYPE_CHECKING:
     from batchsim.cluster.config import ClusterConfig
-    from batchsim.engine.dispatch import ReplicaView
+    from batchsim.cluster.dispatch import ReplicaView
     from batchsim.engine.request import Request
 
 ROUTER_STREAM = 0x726F75746572

@@ -40,13 +40,13 @@ Rules, each tested:
   decodes then run on stretch after stretch through their requests' last tokens while no
   waiting request would be admitted and nothing is due (:attr:`Engine.drains`).
   ``fast_forward=False`` runs them one at a time (same results).
-- **Replicas.** With a :class:`~batchsim.engine.dispatch.ReplicaLink`, the engine is one
+- **Replicas.** With a :class:`~batchsim.engine.arrivals.Link`, the engine is one
   replica of a cluster: its arrivals are the requests a router sends it, it shares the
   cluster's SimPy environment, and the link orders its passes among the cluster's events of
   the same instant and logs its stretches when they end (a routed request may cut one).
   Without it (one engine on its own) nothing of this runs. A prefill instance of a
   disaggregated cluster hands a finished prompt to its link instead of logging it, and a
-  decode instance queues the requests whose KV arrived (:mod:`batchsim.engine.handoff`).
+  decode instance queues the requests whose KV arrived (:mod:`batchsim.cluster.handoff`).
 - **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
   every call: an exception it raises, an iteration that schedules a request that is not
   running, more tokens than a request has, a count below 1 or tokens without KV blocks, a
@@ -64,28 +64,27 @@ import math
 import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import simpy
 from mypy_extensions import mypyc_attr
 
-from batchsim.cost import BatchShape, RooflineCostModel
+from batchsim.cost import RooflineCostModel
 from batchsim.cost.costs import StepCost
 from batchsim.cost.shapes import cuda_graph_padded
-from batchsim.engine.request import Request, RequestStatus
-from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
+from batchsim.engine.arrivals import Arrivals, ArrivalSource, Link
+from batchsim.engine.guard import check_output
+from batchsim.engine.options import EngineOptions
+from batchsim.engine.repeat import repeat_limit, stretches_allowed
+from batchsim.engine.request import Request
+from batchsim.engine.stretch import StretchRunner, run_row
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
 from batchsim.metrics.logs import TIME_EPS, IterationLog, RequestLog
 from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 from batchsim.scheduler.registry import built_in, policy_name
-from batchsim.workload import RequestTable
-
-if TYPE_CHECKING:
-    from batchsim.engine.dispatch import ReplicaLink
+from batchsim.workload.generation import RequestTable
 
 MAX_STEPS_WITHOUT_TOKEN = 1_000_000
 """Iterations in a row that sample no token before a policy is deemed stuck."""
@@ -122,190 +121,6 @@ def rare_collections() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-@dataclass(frozen=True)
-class EngineOptions:
-    """Engine settings in SI units."""
-
-    cpu_overhead_base: float = 0.0
-    """CPU time per iteration (s)."""
-    cpu_overhead_per_seq: float = 0.0
-    """Extra CPU time per request in the iteration (s)."""
-    async_scheduling: bool = False
-    cuda_graph_max_batch_size: int = 0
-    """Pad decode-only batches up to the next CUDA-graph size up to this (0: no padding)."""
-    swap_time_per_block: float = 0.0
-    """Time to copy one KV block between GPU and host memory (s)."""
-    fast_forward: bool = True
-    record_slots: bool = False
-    """Keep a :class:`~batchsim.metrics.slots.SlotLog` of the batch slots."""
-
-
-class ArrivalSource:
-    """Requests not yet delivered, in arrival order.
-
-    Open loop: arrival times come from the workload table. Closed loop (``concurrency`` users):
-    each user's first request arrives at t=0 and the next one ``think_time`` after the previous
-    one left (finished, rejected or cancelled).
-
-    Conversations (``table.next_turn``): a turn that finished sends its conversation's next
-    turn ``think_time`` after it left; a turn that was rejected or cancelled ends its
-    conversation (the later turns are never sent). Open loop: first turns arrive at their
-    table times. Closed loop: each user runs one conversation after another, taking the next
-    conversation not yet started (in table order) ``think_time`` after its previous one ended.
-    At equal times, requests are delivered in the order of their index.
-    """
-
-    def __init__(self, table: RequestTable):
-        self.table = table
-        self.num_total = len(table.prompt_tokens)
-        self.next_index = 0
-        """Open loop: the next arrival; closed loop: the next request (conversation) a user
-        takes."""
-        self.closed_loop = table.concurrency is not None
-        self._heap: list[tuple[float, int, int]] = []  # (time, request index, user)
-        self._next_turn = table.next_turn
-        self._starts: np.ndarray | None = None  # conversations: their first turns, in order
-        if self._next_turn is not None:
-            first = np.ones(self.num_total, dtype=bool)
-            first[self._next_turn[self._next_turn >= 0]] = False
-            self._starts = np.flatnonzero(first)
-        if self.closed_loop:
-            assert table.concurrency is not None
-            num_firsts = self.num_total if self._starts is None else len(self._starts)
-            for user in range(min(table.concurrency, num_firsts)):
-                index = user if self._starts is None else int(self._starts[user])
-                self._heap.append((0.0, index, user))
-            self.next_index = len(self._heap)
-        self._next = math.inf  # open loop: the next arrival time
-        if not self.closed_loop:
-            self._arrivals = table.arrival_time
-            if self._starts is not None:
-                self._arrivals = table.arrival_time[self._starts]
-            self._next = self._arrival(0)
-
-    @property
-    def leaving_sends_nothing(self) -> bool:
-        """A request that leaves brings no arrival (:meth:`on_left` does nothing): an open
-        loop without conversations."""
-        return not self.closed_loop and self._next_turn is None
-
-    def _arrival(self, index: int) -> float:
-        arrivals = self._arrivals
-        return float(arrivals[index]) if index < len(arrivals) else math.inf
-
-    def next_time(self) -> float:
-        if self.closed_loop:
-            return self._heap[0][0] if self._heap else math.inf
-        if self._heap:  # open-loop conversations: a next turn is waiting
-            return min(self._heap[0][0], self._next)
-        return self._next
-
-    def exhausted(self) -> bool:
-        """No further arrival is known (closed loop: every user is waiting on the engine)."""
-        return self.next_time() == math.inf
-
-    def pop_due(self, now: float) -> list[Request]:
-        """Requests whose arrival time is <= now, in order."""
-        out: list[Request] = []
-        if self.closed_loop:
-            while self._heap and self._heap[0][0] <= now:
-                time, index, user = heapq.heappop(self._heap)
-                out.append(self._make(index, time, user))
-            return out
-        if self._starts is not None:
-            return self._pop_turns(now)
-        if self._next > now:
-            return out
-        arrivals = self._arrivals
-        n = self.num_total
-        i = self.next_index
-        while i < n and arrivals[i] <= now:
-            out.append(self._make(i, float(arrivals[i]), -1))
-            i += 1
-        self.next_index = i
-        self._next = self._arrival(i)
-        return out
-
-    def _pop_turns(self, now: float) -> list[Request]:
-        """Open-loop conversations: the first turns and next turns due by now, in order of
-        time, then index."""
-        due: list[tuple[float, int, int]] = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            due.append(heapq.heappop(heap))
-        starts = self._starts
-        assert starts is not None
-        arrivals = self._arrivals
-        i = self.next_index
-        while i < len(starts) and arrivals[i] <= now:
-            due.append((float(arrivals[i]), int(starts[i]), -1))
-            i += 1
-        self.next_index = i
-        self._next = self._arrival(i)
-        due.sort()
-        return [self._make(index, time, user) for time, index, user in due]
-
-    def on_left(self, request: Request, now: float) -> None:
-        """Closed loop: the request's user sends its next one after thinking. Conversations:
-        the next turn, if the request finished and has one."""
-        if self._next_turn is not None:
-            self._turn_left(request, now)
-            return
-        if not self.closed_loop or self.next_index >= self.num_total:
-            return
-        think = self.table.think_time
-        delay = float(think[self.next_index]) if think is not None else 0.0
-        heapq.heappush(self._heap, (now + delay, self.next_index, request.user_id))
-        self.next_index += 1
-
-    def _turn_left(self, request: Request, now: float) -> None:
-        assert self._next_turn is not None and self._starts is not None
-        think = self.table.think_time
-        assert think is not None, "a conversation workload has think times"
-        index = int(self._next_turn[request.request_id])
-        if index < 0 or request.status != RequestStatus.FINISHED:
-            # the conversation ended: in a closed loop, its user starts the next one
-            if not self.closed_loop or self.next_index >= len(self._starts):
-                return
-            index = int(self._starts[self.next_index])
-            self.next_index += 1
-        heapq.heappush(self._heap, (now + float(think[index]), index, request.user_id))
-
-    def _make(self, index: int, time: float, user: int) -> Request:
-        table = self.table
-        cancel = math.inf
-        if table.cancel_after is not None:
-            cancel = time + float(table.cancel_after[index])
-        return Request(
-            request_id=index,
-            arrival_time=time,
-            num_prompt_tokens=int(table.prompt_tokens[index]),
-            max_tokens=int(table.output_tokens[index]),
-            cancel_time=cancel,
-            user_id=user,
-            prefix_segments=None if table.prefix is None else table.prefix.segments(index),
-        )
-
-
-_OUTPUT_COUNTS = (
-    "num_prefill_seqs",
-    "num_decode_seqs",
-    "num_slots",
-    "num_output_tokens",
-    "num_swap_in_blocks",
-    "num_swap_out_blocks",
-    "padding_context",
-)
-"""The integer fields of a :class:`SchedulerOutput` besides its token counts."""
-
-
-def _python_int(value: Any) -> Any:
-    """``value`` as a python int if it is an integer of another type (numpy's, say)."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return value
-
-
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Engine:
     """Runs one simulation.
@@ -327,7 +142,7 @@ class Engine:
         options: EngineOptions,
         on_step: Callable[[Engine], None] | None = None,
         *,
-        link: ReplicaLink | None = None,
+        link: Link | None = None,
     ):
         self.scheduler = scheduler
         self.kv_cache = scheduler.kv_cache
@@ -335,7 +150,7 @@ class Engine:
         self.cost_model = cost_model
         self.options = options
         self.link = link
-        """A replica's tie to its cluster (:mod:`batchsim.engine.dispatch`): its arrivals
+        """A replica's tie to its cluster (:mod:`batchsim.cluster.dispatch`): its arrivals
         come from the router and it shares the cluster's SimPy environment; None for one
         engine on its own."""
         self.request_log = RequestLog()
@@ -343,11 +158,12 @@ class Engine:
         self.num_arrived = 0
         self.iterations = IterationLog()
         self._cancels: list[tuple[float, int, Request]] = []
-        self._last_end = -math.inf
+        self.last_end = -math.inf
+        """The end of the engine's last iteration (s)."""
         policy = type(scheduler)
         self.fast_forward = options.fast_forward and stretches_allowed(policy)
-        self.stretch = StretchRunner(self)
-        self.source: ArrivalSource | ReplicaLink
+        self.stretch = StretchRunner(self, self.iterations)
+        self.source: Arrivals
         if link is None:
             assert table is not None, "an engine on its own needs the workload"
             self.source = ArrivalSource(table)
@@ -393,10 +209,15 @@ class Engine:
             self._price = self._price_speculative_step
 
     @property
+    def is_replica(self) -> bool:
+        """A replica of a cluster (its arrivals come from its :attr:`link`)."""
+        return self.link is not None
+
+    @property
     def clock(self) -> float:
         """Simulated time the engine has reached (s): the end of its last iteration, or when
         it last woke (SimPy's clock lags while no arrival or cancellation is due)."""
-        return max(self.env.now, self._last_end)
+        return max(self.env.now, self.last_end)
 
     def run(self) -> None:
         """Simulate until every request has finished, been rejected or been cancelled."""
@@ -424,7 +245,7 @@ class Engine:
         """An iteration starting at ``start`` follows the previous one without a gap (within
         :data:`~batchsim.metrics.logs.TIME_EPS`: two paths to one instant, such as another
         replica's iteration end that brings a request, may round an ulp apart)."""
-        return start - self._last_end <= TIME_EPS
+        return start - self.last_end <= TIME_EPS
 
     @staticmethod
     def duration(cpu: float, gpu: float, overlap: bool) -> float:
@@ -498,14 +319,14 @@ class Engine:
                         self._cancels, (request.cancel_time, request.request_id, request)
                     )
             else:
-                self._left(request, now)
+                self.leave(request, now)
         while self._cancels and self._cancels[0][0] <= now:
             request = heapq.heappop(self._cancels)[2]
             if not request.status.is_final:
                 self._call("cancel", scheduler.cancel, request, now)
-                self._left(request, now)
+                self.leave(request, now)
 
-    def _left(self, request: Request, now: float) -> None:
+    def leave(self, request: Request, now: float) -> None:
         """``request`` reached a final status at ``now`` (on a prefill instance, a finished
         prompt may instead move on to a decode instance)."""
         hand_off = self.hand_off
@@ -561,7 +382,7 @@ class Engine:
             self.take_arrivals(now)
             if guarded:
                 checked = self._call("schedule", scheduler.schedule_iteration, now)
-                self._check_output(checked)
+                check_output(checked, scheduler.kv_cache, self._broke)
                 output = checked
             else:
                 output = scheduler.schedule_iteration(now)
@@ -619,7 +440,7 @@ class Engine:
                     yield env.timeout(max(0.0, times.end - env.now))
             else:  # a request routed here during a stretch cuts it short
                 times = yield from link.busy(times)
-            now = self._last_end = times.end
+            now = self.last_end = times.end
             if guarded:
                 finished = self._call(
                     "update_from_output", scheduler.update_from_output, output, times
@@ -633,7 +454,7 @@ class Engine:
                     "sampling a token"
                 )
             for request in finished:
-                self._left(request, times.end)
+                self.leave(request, times.end)
             # (an engine that drains has no link, and the update brought no arrival: the next
             # external event is the one found above)
             if self.drains and now < external:
@@ -708,63 +529,3 @@ class Engine:
             f"{len(s.swapped)} swapped requests but scheduled nothing and set no timer "
             "(nothing else can happen)"
         )
-
-    def _check_output(self, output: Any) -> None:
-        """The rules an iteration must follow (checked for policies written elsewhere)."""
-        if not isinstance(output, SchedulerOutput):
-            raise self._broke(
-                f"schedule() returned {type(output).__name__}, not a SchedulerOutput "
-                "(build it with make_output())"
-            )
-        # (read as Any: the values are a policy's, checked here, not assumed to be ints)
-        requests: Any = output.requests
-        tokens: Any = output.num_scheduled_tokens
-        if len(requests) != len(tokens):
-            raise self._broke(
-                f"schedule() returned {len(requests)} requests but {len(tokens)} token counts"
-            )
-        kv = self.scheduler.kv_cache
-        seen: set[int] = set()
-        python_ints = True
-        for request, q in zip(requests, tokens):
-            if not isinstance(request, Request):
-                raise self._broke(f"schedule() returned {request!r} as a request")
-            rid = request.request_id
-            if request.status != RequestStatus.RUNNING:
-                raise self._broke(
-                    f"schedule() scheduled request {rid}, which is "
-                    f"{request.status.name.lower()}, not running (admit() it first)"
-                )
-            if id(request) in seen:
-                raise self._broke(f"schedule() scheduled request {rid} twice")
-            seen.add(id(request))
-            count = 0 if isinstance(q, bool) or not isinstance(q, numbers.Integral) else int(q)
-            python_ints = python_ints and type(q) is int
-            if count < 1:
-                raise self._broke(
-                    f"schedule() scheduled {q!r} tokens for request {rid}; each scheduled "
-                    "request computes an integer number of tokens >= 1"
-                )
-            left = request.num_remaining_tokens
-            if count > left:
-                raise self._broke(
-                    f"schedule() scheduled {count} tokens for request {rid}, which has only "
-                    f"{left} to compute"
-                )
-            total = request.num_computed_tokens + count
-            if kv.blocks_held(request.num_computed_tokens, total) > request.num_blocks:
-                raise self._broke(
-                    f"schedule() scheduled {total} tokens of request {rid} without the KV "
-                    f"blocks to hold them (it holds {request.num_blocks}; allocate() first)"
-                )
-        # Integers of other types (numpy's, say) become python ints, which the engine and the
-        # cost model compute with (and, compiled, require).
-        if not python_ints:
-            output.num_scheduled_tokens = [int(q) for q in tokens]
-        shape: Any = output.shape
-        if any(type(v) is not int and isinstance(v, numbers.Integral) for v in shape):
-            output.shape = BatchShape(*(_python_int(v) for v in shape))
-        for name in _OUTPUT_COUNTS:
-            value = getattr(output, name)
-            if type(value) is not int:
-                setattr(output, name, _python_int(value))

@@ -53,7 +53,8 @@ from dataclasses import dataclass
 
 from batchsim.cost.costs import StepCost
 from batchsim.cost.pipeline import PipelineCostModel
-from batchsim.engine.engine import Engine, EngineOptions
+from batchsim.engine.engine import Engine
+from batchsim.engine.options import EngineOptions
 from batchsim.engine.request import Request
 from batchsim.engine.stretch import run_row
 from batchsim.scheduler.interface import Scheduler
@@ -235,16 +236,16 @@ class PipelineEngine(Engine):
         self._busy.add(engine)
         self._in_flight.append(_Batch(output, times, engine))
 
-    def _left(self, request: Request, now: float) -> None:
+    def leave(self, request: Request, now: float) -> None:
         engine = self._engine_of.pop(id(request), None)
         if engine is not None:  # it was running
             self._num_running[engine] -= 1
-        super()._left(request, now)
+        super().leave(request, now)
 
     def _leave(self, batch: _Batch) -> None:
         """``batch`` left the last stage: apply it."""
         self._busy.discard(batch.virtual_engine)
         times = batch.times
-        self._last_end = times.end
+        self.last_end = times.end
         for request in self.scheduler.update_from_output(batch.output, times):
-            self._left(request, times.end)
+            self.leave(request, times.end)

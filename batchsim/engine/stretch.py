@@ -3,13 +3,13 @@
 When a policy returns a decode-only batch and nothing else can change before the next
 request finishes, the KV cache runs short or an external event (arrival, cancellation,
 timer) happens, the following iterations are the same batch with every context one token
-longer. This module is the one home of that shortcut:
+longer. How many iterations that is, is :mod:`batchsim.engine.repeat`'s question; this module
+runs them:
 
-- :func:`repeat_limit` — how many iterations the batch would repeat. Only policies that
-  declare :attr:`~batchsim.scheduler.Scheduler.decode_stretches` (the built-in ones do) are
-  fast-forwarded; any other policy is asked at every iteration.
-- :class:`StretchRunner` — prices the stretch and logs it. The iterations differ only in
-  context, and their time changes only when the attention kernel streams one more KV block
+- :class:`StretchRunner` — prices the stretch and logs it, for the engine it runs for (a
+  :class:`StretchHost`: what fast-forward may ask of an engine, and nothing else). The
+  iterations differ only in context, and their time changes only when the attention kernel
+  streams one more KV block
   (the cost model's :meth:`~batchsim.cost.RooflineCostModel.decode_run`), so a stretch is
   priced and logged as a few *runs* of equal time whose FLOPs and bytes grow by a fixed step.
   The KV blocks the requests need are taken in one call,
@@ -22,7 +22,8 @@ longer. This module is the one home of that shortcut:
   stretch that samples its last token, without a pass of the engine per stretch (policies
   that declare :attr:`~batchsim.scheduler.Scheduler.drains_cohort`, one engine on its own).
   Each stretch is priced, logged and applied by the same helpers as a pass's
-  (:func:`cohort_repeat`, ``_price_runs``, the scheduler's ``_advance_cohort``).
+  (:func:`~batchsim.engine.repeat.cohort_repeat`, ``_price_runs``, the scheduler's
+  ``_advance_cohort``).
 - Prompt chunks: chunked prefill's iterations of the cohort's decodes and one prompt's
   chunk that takes the rest of the token budget repeat too (nothing can be admitted), each
   chunk as long and further along the prompt, up to its last chunk
@@ -38,8 +39,7 @@ longer. This module is the one home of that shortcut:
 from __future__ import annotations
 
 import math
-import numbers
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,150 +47,23 @@ from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
 from batchsim.cost.costs import StepCost
 from batchsim.cost.model import as_int
 from batchsim.cost.shapes import cuda_graph_padded
-from batchsim.engine.cohort import Cohort
-from batchsim.engine.kv_cache import KVCacheManager, UsageRamp, expand_usage_ramps
-from batchsim.errors import PolicyError
+from batchsim.engine.kv_cache import UsageRamp, expand_usage_ramps
+from batchsim.engine.options import EngineOptions
+from batchsim.engine.repeat import cohort_repeat
+from batchsim.engine.request import Request
 from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
-from batchsim.scheduler.registry import policy_name
 
-if TYPE_CHECKING:
-    from batchsim.engine.engine import Engine
-
-_WINDOWED_MAX_STEPS = 1024
-"""Longest stretch of a sliding-window model (its KV usage is computed per request and step)."""
 _FIRST_CHUNK = 32
 """Decode steps priced in the first vectorized call of a windowed stretch (then 4x more)."""
 _new_shape = tuple.__new__
 """Builds a :class:`BatchShape` of all its fields without its Python-level ``__new__``."""
 
 
-def stretches_allowed(policy: type[Scheduler]) -> bool:
-    """Whether ``policy`` promises :attr:`~Scheduler.decode_stretches`.
-
-    The promise is about :meth:`~Scheduler.schedule`, so it counts only where it is declared
-    by the class that defines the policy's ``schedule`` or by a subclass of it: a subclass of
-    a built-in policy that overrides ``schedule()`` is stepped unless it declares the
-    promise again.
-    """
-    for klass in policy.__mro__:
-        if "decode_stretches" in klass.__dict__:
-            return bool(klass.__dict__["decode_stretches"])
-        if "schedule" in klass.__dict__:
-            return False
-    return False
-
-
-def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
-    """How many consecutive iterations would run exactly this decode-only batch.
-
-    Bounded by the first request to finish (its last token ends the stretch), by the KV
-    blocks the growing contexts need, by a swapped-out request that could resume, and by the
-    policy (:meth:`~Scheduler.policy_max_repeat`). 1 for anything but pure decode and for an
-    iteration that preempted or swapped. External events are the engine's to cut.
-
-    With prefix caching, a stretch neither evicts a cached block (its growth takes only
-    empty blocks, and an iteration whose ``schedule()`` evicted runs alone) nor registers
-    one before its last iteration: the cached blocks stay the same throughout.
-    """
-    kv = scheduler.kv_cache
-    if kv.num_evicted_blocks:
-        return 1  # its schedule() evicted cached blocks: that belongs to this iteration only
-    if output.num_prefill_seqs:
-        if output.num_prefill_seqs == 1 and not output.has_side_work:
-            return prompt_chunk_repeat(scheduler, output)
-        return 1
-    if not output.num_decode_seqs or output.has_side_work:
-        return 1  # preemptions and swaps belong to one iteration
-    if scheduler.swapped and len(scheduler.running) < scheduler.max_num_seqs:
-        head = scheduler.swapped[0]
-        if kv.can_swap_in(head, head.num_computed_tokens + 1):
-            return 1  # the next schedule() may resume it; free blocks only shrink later
-    requests = output.requests
-    batch = scheduler.cohort_batch(output)
-    if batch is not None and batch.pure:  # the cohort alone: no look at each request
-        return cohort_repeat(kv, batch.cohort, policy_max_repeat(scheduler, output))
-    if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):
-        steps = min(r.max_tokens - r._outputs for r in requests)  # none is in a cohort
-    else:
-        steps = min(r.max_tokens - r.num_output_tokens for r in requests)
-    steps = min(steps, policy_max_repeat(scheduler, output))
-    prefix = scheduler._prefix
-    if prefix is not None and steps > 1:  # the last iteration may complete a keyed block
-        steps = min(steps, min(prefix.steps_to_register(r, 1) for r in requests))
-    if steps <= 1 or scheduler.reserves_full_sequence:
-        return max(1, steps)
-    steps = kv.max_growth_steps(requests, steps)
-    if kv.window is not None and steps > 1:
-        # A window frees blocks as contexts slide; a policy may then admit a waiting
-        # request, so the stretch ends before free blocks exceed today's.
-        steps = min(steps, _WINDOWED_MAX_STEPS)
-        usage = np.atleast_1d(kv.usage_during_growth(requests, steps))
-        freed = np.flatnonzero(usage < usage[0])
-        if freed.size:
-            steps = int(freed[0])
-    return max(1, steps)
-
-
-def policy_max_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
-    """:meth:`~Scheduler.policy_max_repeat` as a python int (a policy may count in numpy
-    integers); a policy that returns anything but an integer broke a rule."""
-    policy: Any = scheduler  # (its answer is not assumed to be an int, compiled or not)
-    most = policy.policy_max_repeat(output)
-    if type(most) is int:
-        return most
-    if isinstance(most, bool) or not isinstance(most, numbers.Integral):
-        raise PolicyError(
-            f"scheduler.policy {policy_name(type(scheduler))}: policy_max_repeat() "
-            f"returned {most!r}; it must return an integer (1: no repeat)"
-        )
-    return int(most)
-
-
-def cohort_repeat(kv: KVCacheManager, cohort: Cohort, most: int) -> int:
-    """How many consecutive iterations of the whole cohort, and nothing else, would run (at
-    most ``most``): up to the first member's last token, while the KV blocks last."""
-    steps = min(cohort.min_remaining(), most)
-    if steps <= 1:
-        return max(1, steps)
-    empty = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts
-    if cohort.n * ((steps - 1) // kv.block_size + 1) <= empty:
-        return steps  # room for a new block per member at every block boundary
-    return max(1, kv.max_growth_from_offsets(cohort.offsets(), steps))
-
-
-def prompt_chunks_allowed(policy: type[Scheduler]) -> bool:
-    """Whether ``policy`` fast-forwards prompt chunks: its ``schedule`` is defined by the
-    class that defines :meth:`~Scheduler.prompt_chunk_repeat` (a subclass that overrides
-    ``schedule()`` does not inherit it)."""
-    allowed = _CHUNKS_ALLOWED.get(policy)
-    if allowed is None:
-        allowed = False
-        for klass in policy.__mro__:
-            if "schedule" in klass.__dict__:
-                allowed = "prompt_chunk_repeat" in klass.__dict__
-                break
-        _CHUNKS_ALLOWED[policy] = allowed
-    return allowed
-
-
-_CHUNKS_ALLOWED: dict[type, bool] = {}
-
-
-def prompt_chunk_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
-    """How many consecutive iterations would run exactly this iteration of decodes and one
-    non-final prompt chunk, each decode one token further and the chunk as long, further
-    along its prompt (:meth:`~Scheduler.prompt_chunk_repeat`; 1 for a policy that does not
-    promise it with its ``schedule()``)."""
-    if not prompt_chunks_allowed(type(scheduler)):
-        return 1
-    return max(1, scheduler.prompt_chunk_repeat(output))
-
-
 class IterationSink(Protocol):
     """Where a stretch's iterations go: the engine's :class:`IterationLog`, or, for a
     replica of a cluster, a plan logged when the stretch ends
-    (:class:`~batchsim.engine.dispatch.StretchPlan`)."""
+    (:class:`~batchsim.cluster.dispatch.StretchPlan`)."""
 
     @property
     def num_rows(self) -> int: ...
@@ -202,13 +75,59 @@ class IterationSink(Protocol):
     def extend(self, values: tuple, n: int, kv_cache_usage: Any) -> None: ...
 
 
-class StretchRunner:
-    """Prices and logs decode stretches for an :class:`~batchsim.engine.engine.Engine`."""
+class StretchHost(Protocol):
+    """What fast-forward needs of the engine it runs stretches for
+    (:class:`~batchsim.engine.engine.Engine` is one)."""
 
-    def __init__(self, engine: Engine):
+    scheduler: Scheduler
+    cost_model: RooflineCostModel
+    options: EngineOptions
+    on_step: Any
+    """Called with the engine before every pass (a progress line), or None."""
+    last_end: float
+    """The end of the engine's last iteration (s): a drain moves it on."""
+
+    @property
+    def is_replica(self) -> bool:
+        """A replica of a cluster: its router hands arrivals over between passes."""
+        ...
+
+    def cpu_time(self, num_seqs: int) -> float:
+        """CPU time of an iteration of ``num_seqs`` requests (s)."""
+        ...
+
+    def back_to_back(self, start: float) -> bool:
+        """An iteration starting at ``start`` follows the previous one without a gap."""
+        ...
+
+    def batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
+        """The batch columns of an iteration's row."""
+        ...
+
+    def take_arrivals(self, now: float) -> None:
+        """A pass's first step at ``now``: hand the requests due to the scheduler."""
+        ...
+
+    def next_arrival_time(self) -> float: ...
+
+    def next_cancel_time(self) -> float: ...
+
+    def next_other_event_time(self, now: float) -> float:
+        """The next cancellation or policy timer after ``now``."""
+        ...
+
+    def leave(self, request: Request, now: float) -> None:
+        """``request`` reached a final status at ``now``."""
+        ...
+
+
+class StretchRunner:
+    """Prices and logs decode stretches for a :class:`StretchHost` (the engine)."""
+
+    def __init__(self, engine: StretchHost, log: IterationSink):
         self.engine = engine
         self.cost_model: RooflineCostModel = engine.cost_model
-        self.log: IterationSink = engine.iterations
+        self.log = log
         slopes = self.cost_model.decode_token_slopes
         self._slopes = (
             slopes.flops,
@@ -348,11 +267,11 @@ class StretchRunner:
             log.add_runs(runs, kv.usage_ramp(cohort.offsets()), done)
             finished = scheduler._advance_cohort(cohort, first, done, end, running)
             first += done
-            engine._last_end = now = end
+            engine.last_end = now = end
             self.num_drained_stretches += 1
             self.num_drained_finished += len(finished)
             for request in finished:
-                engine._left(request, end)
+                engine.leave(request, end)
         return now
 
     def _run_chunks(
@@ -391,7 +310,7 @@ class StretchRunner:
         # arrivals are handed over inside the stretch (a lone engine only: a replica's
         # router hands them over between passes)
         arrival = math.inf
-        if engine.link is None:
+        if not engine.is_replica:
             arrival = engine.next_arrival_time()
             if arrival <= event:  # the event was an arrival: end at the next other one
                 event = engine.next_other_event_time(now)

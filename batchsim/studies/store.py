@@ -31,7 +31,7 @@ from typing import Any
 
 from batchsim.config import ExperimentConfig, OutputConfig, dump_config
 from batchsim.errors import ConfigError, write_error
-from batchsim.simulation import ALL_OUTPUT_FILES, check_new_dir, output_files, summary_json
+from batchsim.outputs import ALL_OUTPUT_FILES, check_new_dir, output_files, summary_json
 
 _DEFAULT_OUTPUT = OutputConfig().model_dump()
 

@@ -1,6 +1,6 @@
 """Many engines behind a router on one SimPy environment (the ``cluster:`` block).
 
-The cluster's arrivals come from one :class:`~batchsim.engine.engine.ArrivalSource`. A
+The cluster's arrivals come from one :class:`~batchsim.engine.arrivals.ArrivalSource`. A
 router process (:class:`Dispatcher`) picks a replica for each request at its arrival time,
 from what each replica looks like at that instant (:class:`ReplicaView`), and puts it into
 that replica's inbox, ``router_overhead`` later. Each replica is a whole
@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from batchsim.engine.engine import ArrivalSource, rare_collections
-from batchsim.engine.plan import StretchPlan
+from batchsim.cluster.plan import StretchPlan
+from batchsim.engine.arrivals import ArrivalSource
+from batchsim.engine.engine import rare_collections
 from batchsim.engine.request import Request
 from batchsim.scheduler.output import StepTimes
 from batchsim.workload import RequestTable
