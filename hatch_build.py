@@ -27,17 +27,25 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 COMPILED = (
     "batchsim/cost/attention.py",
     "batchsim/cost/model.py",
+    "batchsim/engine/arrivals.py",
     "batchsim/engine/cohort.py",
     "batchsim/engine/engine.py",
+    "batchsim/engine/guard.py",
     "batchsim/engine/kv_cache.py",
+    "batchsim/engine/options.py",
+    "batchsim/engine/repeat.py",
     "batchsim/engine/request.py",
     "batchsim/engine/stretch.py",
     "batchsim/metrics/logs.py",
+    "batchsim/scheduler/cohorts.py",
+    "batchsim/scheduler/core.py",
     "batchsim/scheduler/interface.py",
     "batchsim/scheduler/output.py",
+    "batchsim/scheduler/toolkit.py",
 )
 """The modules compiled: the iteration loop and what it calls at every iteration, the
-mechanism every policy shares (:mod:`batchsim.scheduler.interface`) included. Classes of
+mechanism every policy shares (:mod:`batchsim.scheduler.core`, ``toolkit``, ``cohorts`` and
+the contract class of :mod:`batchsim.scheduler.interface`) included. Classes of
 these modules that other code subclasses (:class:`~batchsim.scheduler.Scheduler`, the KV
 cache, the scheduler's output) are marked ``mypyc_attr(allow_interpreted_subclasses=True)``:
 the policies stay Python, so that anyone can subclass them and override any method, as in a

@@ -16,12 +16,13 @@ import pytest
 from hypothesis import settings
 
 from batchsim import simulation
-from batchsim.deployment import engines as deployment_engines
 from batchsim.config import validate_experiment
+from batchsim.deployment import engines as deployment_engines
 from batchsim.engine.engine import Engine
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.engine.request import Request
-from batchsim.scheduler.interface import Scheduler, SchedulerConfig
+from batchsim.scheduler.config import SchedulerConfig
+from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import StepTimes
 from batchsim.scheduler.registry import POLICIES
 from batchsim.simulation import Result

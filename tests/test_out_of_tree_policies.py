@@ -26,6 +26,7 @@ import math
 
 from batchsim.scheduler import Scheduler
 from batchsim.scheduler.continuous import ContinuousScheduler
+from batchsim.scheduler.fast_forward import fast_forward
 
 
 def admit_all(self):
@@ -74,10 +75,9 @@ class NumpyTokens(Scheduler):
         return self.make_output(output.requests, tokens, preempted=output.preempted)
 
 
+@fast_forward(decode_stretches=True)
 class NumpyRepeat(ContinuousScheduler):
     """DeclaredContinuous, its promise given as a numpy integer."""
-
-    decode_stretches = True
 
     def schedule(self, now):
         return super().schedule(now)
@@ -113,10 +113,9 @@ class FloatTokens(Scheduler):
         return self.make_output(new, [1.5 for r in new])
 
 
+@fast_forward(decode_stretches=True)
 class DeclaredContinuous(ContinuousScheduler):
     """A continuous policy that re-declares the promise after overriding schedule()."""
-
-    decode_stretches = True
 
     def schedule(self, now):
         return super().schedule(now)

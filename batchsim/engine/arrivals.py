@@ -5,7 +5,7 @@ the requests due by then, in order. One engine on its own reads them from the wo
 table (:class:`ArrivalSource`: open loop, closed loop, conversations); a replica of a cluster
 reads the requests its router sent it from its :class:`Link`, which also orders its passes
 among the cluster's events of the same instant (:mod:`batchsim.cluster.dispatch`). A later
-source (requests from a live client, say) needs only the four calls of :class:`Arrivals`.
+source (requests from a live client, say) needs only what :class:`Arrivals` declares.
 
 This module imports only the request and the workload's table.
 """
@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 class Arrivals(Protocol):
     """The requests an engine has not been given yet."""
+
+    @property
+    def num_total(self) -> int:
+        """Requests of the whole workload (for the progress line)."""
+        ...
 
     def pop_due(self, now: float) -> list[Request]:
         """The requests that arrive by ``now``, in order (they are the engine's from then)."""

@@ -81,6 +81,7 @@ from batchsim.engine.stretch import StretchRunner, run_row
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
 from batchsim.metrics.logs import TIME_EPS, IterationLog, RequestLog
 from batchsim.metrics.slots import SlotLog
+from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 from batchsim.scheduler.registry import built_in, policy_name
@@ -190,7 +191,7 @@ class Engine:
             link is None
             and self.fast_forward
             and not self.guarded
-            and vars(policy).get("drains_cohort", False) is True
+            and declaration(policy).drains_cohort
             and scheduler._cohort is not None
             and scheduler._prefix is None
             and not cost_model.ideal

@@ -7,7 +7,7 @@ longer; :mod:`batchsim.engine.stretch` then runs them as one step. This module s
 that goes:
 
 - :func:`repeat_limit` — how many iterations the batch would repeat (1: step it). Only
-  policies that declare :attr:`~batchsim.scheduler.Scheduler.decode_stretches` are
+  policies that declare ``decode_stretches`` (:mod:`batchsim.scheduler.fast_forward`) are
   fast-forwarded (:func:`stretches_allowed`); any other policy is asked at every iteration.
 - :func:`cohort_repeat` — the same for the built-in policies' cohort alone, from its counts by
   block offset, whatever the batch size.
@@ -28,6 +28,7 @@ import numpy as np
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.errors import PolicyError
+from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 from batchsim.scheduler.registry import policy_name
@@ -37,19 +38,10 @@ _WINDOWED_MAX_STEPS = 1024
 
 
 def stretches_allowed(policy: type[Scheduler]) -> bool:
-    """Whether ``policy`` promises :attr:`~Scheduler.decode_stretches`.
-
-    The promise is about :meth:`~Scheduler.schedule`, so it counts only where it is declared
-    by the class that defines the policy's ``schedule`` or by a subclass of it: a subclass of
-    a built-in policy that overrides ``schedule()`` is stepped unless it declares the
-    promise again.
-    """
-    for klass in policy.__mro__:
-        if "decode_stretches" in klass.__dict__:
-            return bool(klass.__dict__["decode_stretches"])
-        if "schedule" in klass.__dict__:
-            return False
-    return False
+    """Whether ``policy`` promises ``decode_stretches``
+    (:func:`~batchsim.scheduler.fast_forward.declaration`: a subclass of a built-in policy
+    that overrides ``schedule()`` is stepped unless it declares the promise again)."""
+    return declaration(policy).decode_stretches
 
 
 def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:

@@ -20,7 +20,7 @@ runs them:
 - :meth:`StretchRunner.drain` — when nothing waits and no arrival or cancellation is due,
   the cohort's stretches run on one after another, each member leaving at the end of the
   stretch that samples its last token, without a pass of the engine per stretch (policies
-  that declare :attr:`~batchsim.scheduler.Scheduler.drains_cohort`, one engine on its own).
+  that declare ``drains_cohort`` (:mod:`batchsim.scheduler.fast_forward`), one engine on its own).
   Each stretch is priced, logged and applied by the same helpers as a pass's
   (:func:`~batchsim.engine.repeat.cohort_repeat`, ``_price_runs``, the scheduler's
   ``_advance_cohort``).
@@ -51,7 +51,8 @@ from batchsim.engine.kv_cache import UsageRamp, expand_usage_ramps
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.repeat import cohort_repeat
 from batchsim.engine.request import Request
-from batchsim.scheduler.interface import Scheduler, prompt_chunk_of
+from batchsim.scheduler.cohorts import prompt_chunk_of
+from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
 _FIRST_CHUNK = 32

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import batchsim.plots as plots
-from batchsim.version import __version__
 from batchsim.errors import ConfigError, write_error
 from batchsim.plots.data import Run, Study, load
 from batchsim.plots.style import DPI, describe_run
+from batchsim.version import __version__
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -11,16 +11,15 @@ after the running ones, and new requests are admitted only once none is left swa
 from __future__ import annotations
 
 from batchsim.engine.request import Request
+from batchsim.scheduler.fast_forward import fast_forward
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 
 
+@fast_forward(decode_stretches=True, drains_cohort=True, lends_running=True)
 class ChunkedPrefillScheduler(Scheduler):
     name = "chunked_prefill"
     config_keys = frozenset({"policy", "max_num_seqs", "max_num_batched_tokens", "preemption_mode"})
-    decode_stretches = True
-    drains_cohort = True
-    lends_running = True
 
     def schedule(self, now: float) -> SchedulerOutput:
         preempted: list[Request] = []

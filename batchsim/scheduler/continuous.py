@@ -20,10 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 from batchsim.engine.request import Request
+from batchsim.scheduler.fast_forward import fast_forward
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 
 
+@fast_forward(decode_stretches=True, drains_cohort=True, lends_running=True)
 class ContinuousScheduler(Scheduler):
     name = "continuous"
     config_keys = frozenset(
@@ -35,9 +37,6 @@ class ContinuousScheduler(Scheduler):
             "preemption_mode",
         }
     )
-    decode_stretches = True
-    drains_cohort = True
-    lends_running = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

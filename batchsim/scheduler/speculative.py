@@ -45,6 +45,7 @@ import numpy as np
 from batchsim.cost import BatchShape
 from batchsim.cost.costs import StepCost
 from batchsim.engine.request import Request, RequestStatus
+from batchsim.scheduler.fast_forward import fast_forward
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 
@@ -215,12 +216,12 @@ class SpeculativeOutput(SchedulerOutput):
     """GPU cost of the drafts, before the target's pass."""
 
 
+@fast_forward()  # stepped: acceptance is random at every iteration
 class SpeculativeScheduler(Scheduler):
     """What a built-in policy does differently in a speculative run (mixed in before it by
     :func:`speculative_policy`): decodes schedule k' + 1 verification tokens, the output
     carries the proposals' cost, and applying it accepts a random number of tokens."""
 
-    decode_stretches: ClassVar[bool] = False  # acceptance is random at every iteration
     speculative_base: ClassVar[type[Scheduler]]
     """The built-in policy extended."""
     speculator: Speculator

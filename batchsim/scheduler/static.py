@@ -19,15 +19,16 @@ own length.
 from __future__ import annotations
 
 from batchsim.engine.request import Request
+from batchsim.scheduler.fast_forward import fast_forward
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
 
 
+@fast_forward(decode_stretches=True)
 class StaticScheduler(Scheduler):
     name = "static"
     config_keys = frozenset({"policy", "max_num_seqs", "padding"})
     reserves_full_sequence = True
-    decode_stretches = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
