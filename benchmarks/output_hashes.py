@@ -51,8 +51,10 @@ def commands(path: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-def canonical(path: Path) -> bytes:
-    """The bytes of ``path`` that a rerun must reproduce."""
+def canonical(path: Path, places: dict[str, str]) -> bytes:
+    """The bytes of ``path`` that a rerun must reproduce: ``places`` (paths of this checkout
+    and of the output folder) are replaced by their names, so that a rerun elsewhere hashes
+    the same."""
     if path.suffix == ".parquet":
         import pandas as pd
 
@@ -62,6 +64,8 @@ def canonical(path: Path) -> bytes:
         frame.to_csv(buffer, index=False)
         return buffer.getvalue().encode()
     data = path.read_bytes()
+    for place, name in places.items():
+        data = data.replace(place.encode(), name.encode())
     if path.suffix == ".json" or path.name.endswith(".jsonl"):
         return _WALL.sub('"wall_time_s": _', data.decode()).encode()
     if path.suffix == ".csv" and b"wall_time_s" in data.split(b"\n", 1)[0]:
@@ -75,11 +79,12 @@ def canonical(path: Path) -> bytes:
     return data
 
 
-def hash_tree(root: Path) -> dict[str, str]:
+def hash_tree(root: Path, places: dict[str, str]) -> dict[str, str]:
     out = {}
     for path in sorted(root.rglob("*")):
         if path.is_file():
-            out[str(path.relative_to(root))] = hashlib.sha256(canonical(path)).hexdigest()
+            digest = hashlib.sha256(canonical(path, places)).hexdigest()
+            out[str(path.relative_to(root))] = digest
     return out
 
 
@@ -95,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     if args.source:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    # one fixed folder: a path the outputs mention (a sweep's points) is the same every time
-    tmp = Path(tempfile.gettempdir()) / "batchsim-output-hashes"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix="batchsim-output-hashes-"))
+    places = {str(tmp): "<out>", str(REPO): "<repo>"}
     try:
         for path in sorted(EXPERIMENTS.glob("*.yaml")):
             if not path.stem.startswith(args.only):
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{key}: exit {proc.returncode}: {tail}", file=sys.stderr)
                     record[key] = {"exit": str(proc.returncode)}
                     continue
-                record[key] = hash_tree(out)
+                record[key] = hash_tree(out, places)
                 print(f"{key}: {len(record[key])} files, {took:.1f} s", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

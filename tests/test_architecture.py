@@ -9,6 +9,7 @@ happens to import at run time.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -16,30 +17,33 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "batchsim"
 
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("errors", "dtypes", "validation", "yamlio", "version")),
-    ("catalogs", ("catalog",)),
-    ("workload", ("workload",)),
-    ("cost model", ("cost",)),
-    (
-        "request and KV state",
-        ("engine.request", "engine.cohort", "engine.kv_cache", "engine.prefix_cache"),
-    ),
-    ("policies", ("scheduler",)),
-    ("records", ("metrics",)),
-    ("engine", ("engine",)),
-    ("cluster", ("cluster",)),
-    ("experiment", ("config",)),
-    ("deployment", ("deployment",)),
-    ("run", ("simulation", "outputs", "progress")),
-    ("studies", ("studies", "calibration", "roofline")),
-    ("pictures", ("plots",)),
-    ("commands", ("cli", "__main__", "")),
-]
-"""The layers, bottom first, as docs/architecture.md draws them: each entry names module
-prefixes relative to ``batchsim`` (``""`` is ``batchsim/__init__.py``, the public API). A module
-belongs to the layer of its longest matching prefix and may import its own layer and those
-below."""
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def read_layers() -> list[tuple[str, tuple[str, ...]]]:
+    """The layers of docs/architecture.md's table, bottom first: (name, module prefixes
+    relative to ``batchsim``; ``""`` is ``batchsim/__init__.py``, the public API). The test
+    reads the picture from the document, so the two cannot drift apart."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1]
+    layers = []
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith("| layer") or line.startswith("|--"):
+            if layers and not line.strip():
+                break
+            continue
+        name, modules = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        prefixes = []
+        for item in re.findall(r"`([^`]+)`", modules):
+            item = item.rstrip("/").replace("/", ".")
+            prefixes.append("" if item == "batchsim" else item)
+        layers.append((name, tuple(prefixes)))
+    return layers
+
+
+LAYERS = read_layers()
+"""A module belongs to the layer of its longest matching prefix and may import its own layer
+and those below."""
 
 MAX_LINES = 600
 """No module is longer (one idea per module; split along the ideas past this)."""
@@ -88,7 +92,7 @@ def layer_of(name: str) -> int:
     best, best_len = None, -1
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            matches = relative == prefix or relative.startswith(prefix + ".") or prefix == ""
+            matches = relative == prefix or (prefix != "" and relative.startswith(prefix + "."))
             if matches and len(prefix) > best_len:
                 best, best_len = index, len(prefix)
     assert best is not None, f"{name} is in no layer of LAYERS"
@@ -99,6 +103,19 @@ def layer_of(name: str) -> int:
 def graph() -> dict[str, set[str]]:
     modules = module_names()
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def test_the_layers_are_read_from_the_document():
+    names = [name for name, _ in LAYERS]
+    assert names[0] == "foundation" and names[-1] == "commands" and len(names) >= 10
+    assert layer_of("batchsim.engine.request") < layer_of("batchsim.scheduler.interface")
+    assert layer_of("batchsim.scheduler.interface") < layer_of("batchsim.engine.engine")
+    assert layer_of("batchsim") == len(LAYERS) - 1
+
+
+def test_every_module_is_in_a_layer():
+    for name in module_names():
+        layer_of(name)
 
 
 def test_every_import_points_down_the_layers(graph):

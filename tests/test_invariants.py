@@ -127,36 +127,36 @@ def over_budget_is_a_lone_recompute(it_row: Any, budget: int) -> bool:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(experiments())
-def test_random_experiments_keep_every_invariant(data):
-    result, engine = run(data)
-    req, it, summary = result.requests, result.iterations, result.summary
-    scheduler_cfg = data["scheduler"]
-    num = data["workload"]["num_requests"]
+# The invariants of docs/invariants.md, one test each, over the same random experiments.
 
-    # Every request ends exactly once, in a final state.
+
+@given(experiments())
+def test_invariant_request_conservation(data):
+    # Every request that arrives leaves exactly once, in one final state.
+    result, engine = run(data)
+    req, summary = result.requests, result.summary
+    num = data["workload"]["num_requests"]
     assert sorted(req["request_id"]) == list(range(num))
     assert engine.num_arrived == engine.request_log.num_rows == num  # each left exactly once
     assert set(req["status"]) <= FINAL
     assert summary["completed"] + summary["num_rejected"] + summary["num_cancelled"] == num
     assert not engine.scheduler.has_unfinished_requests()
-
-    arrival = req["arrival_time_s"]
     done = req[req["status"] == "finished"]
-    assert (done["arrival_time_s"] <= done["first_scheduled_time_s"]).all()
-    assert (done["first_scheduled_time_s"] <= done["first_token_time_s"]).all()
-    assert (done["first_token_time_s"] <= done["finish_time_s"]).all()
     assert (done["output_tokens"] == done["max_tokens"]).all()
     cancelled = req[req["status"] == "cancelled"]
-    assert (cancelled["finish_time_s"] >= cancelled["arrival_time_s"]).all()
     assert (cancelled["output_tokens"] < cancelled["max_tokens"]).all()
     rejected = req[req["status"] == "rejected"]
     assert (rejected["reject_reason"].str.len() > 0).all()
     assert rejected["first_scheduled_time_s"].isna().all()
     assert (req["output_tokens"] <= req["max_tokens"]).all()
-    assert (arrival >= 0).all()
 
-    # The KV cache stays within its capacity and is empty at the end.
+
+@given(experiments())
+def test_invariant_kv_conservation(data):
+    # KV blocks stay within the cache, every block taken is given back, every block swapped
+    # out comes back (unless its client left), and the cache is empty at the end.
+    result, engine = run(data)
+    req, it, summary = result.requests, result.iterations, result.summary
     usage = it["kv_cache_usage"].to_numpy()
     assert ((usage >= 0) & (usage <= 1)).all()
     assert 0 <= summary["max_kv_cache_usage"] <= 1
@@ -165,6 +165,7 @@ def test_random_experiments_keep_every_invariant(data):
     # Prefix caching: no block is referenced at the end; what was found cached is whole
     # blocks and leaves at least one prompt token to compute.
     cached = req["num_cached_tokens"]
+    done = req[req["status"] == "finished"]
     if data["engine"].get("enable_prefix_caching"):
         assert set(kv.num_references().values()) <= {0}
         assert kv.num_cached_blocks == len(kv.num_references()) == kv.num_idle_blocks
@@ -186,6 +187,23 @@ def test_random_experiments_keep_every_invariant(data):
     copies = it["num_swap_in_blocks"] + it["num_swap_out_blocks"]
     assert ((it["swap_time_ms"] > 0) == (copies > 0)).all()
 
+
+@given(experiments())
+def test_invariant_causality(data):
+    # A request is scheduled after it arrives, samples its first token after that and
+    # finishes after that; iterations run one at a time, within the batch limits.
+    result, _ = run(data)
+    req, it = result.requests, result.iterations
+    scheduler_cfg = data["scheduler"]
+    arrival = req["arrival_time_s"]
+    done = req[req["status"] == "finished"]
+    assert (done["arrival_time_s"] <= done["first_scheduled_time_s"]).all()
+    assert (done["first_scheduled_time_s"] <= done["first_token_time_s"]).all()
+    assert (done["first_token_time_s"] <= done["finish_time_s"]).all()
+    assert (done["ttft_ms"] <= done["e2el_ms"]).all()
+    cancelled = req[req["status"] == "cancelled"]
+    assert (cancelled["finish_time_s"] >= cancelled["arrival_time_s"]).all()
+    assert (arrival >= 0).all()
     # Batch limits.
     assert (it["num_seqs"] >= 1).all()
     assert (it["num_seqs"] <= scheduler_cfg["max_num_seqs"]).all()
@@ -201,7 +219,6 @@ def test_random_experiments_keep_every_invariant(data):
             )
         if scheduler_cfg["policy"] == "chunked_prefill":
             assert (tokens <= budget).all()
-
     # Iterations run one at a time: starts never decrease and never overlap.
     starts = it["start_time_s"].to_numpy()
     ends = starts + it["duration_ms"].to_numpy() / 1e3
@@ -224,7 +241,8 @@ def _same(a: Any, b: Any) -> bool:
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(experiments())
-def test_same_seed_gives_an_identical_summary(data):
+def test_invariant_determinism(data):
+    # The same experiment and seed give identical outputs.
     first = simulate_data(data)
     second = simulate_data(data)
     a, b = _without_wall_time(first.summary), _without_wall_time(second.summary)
@@ -293,7 +311,7 @@ _IDLE_ARRIVALS = {
 @example(_RECOMPUTE_TAIL)
 @example(_IDLE_ARRIVALS)
 @example(_ENDS_AT_A_START)
-def test_fast_forward_equals_stepping_one_iteration_at_a_time(data):
+def test_invariant_fast_forward_equals_stepping(data):
     # Decode stretches, priced and logged as runs, expand to exactly the iterations that
     # stepping one by one produces: every column, every request, the whole summary.
     assert_fast_forward_exact(data)
@@ -693,7 +711,7 @@ CANCELLED_BEHIND_A_WAITER = {
 @example(ROUTED_AFTER_ITS_PASS)
 @example(SAME_INSTANT_ON_FIVE_REPLICAS)
 @example(KV_HANDOFF_AT_A_DECODE_END)
-def test_fast_forward_equals_stepping_on_clusters(data):
+def test_invariant_fast_forward_equals_stepping_on_clusters(data):
     # A stretch that a request routed to its replica cuts short, and what routers see of a
     # replica inside a stretch, must match stepping: the same routes, the same run. In a
     # disaggregated cluster also the hand-offs, the KV blocks taken for transfers and given
