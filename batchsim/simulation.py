@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from batchsim.catalog.hardware import HardwareProfile, load_hardware
-from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
+from batchsim.catalog.hardware import HardwareProfile
+from batchsim.catalog.hardware_files import load_hardware
+from batchsim.catalog.model import ModelSpec
+from batchsim.catalog.model_files import load_model
 from batchsim.config import (
     OUTPUT_FORMATS,
     EngineConfig,
@@ -44,6 +46,7 @@ from batchsim.config import (
 )
 from batchsim.cost import RooflineCostModel
 from batchsim.cost.pipeline import PipelineCostModel
+from batchsim.dtypes import dtype_bytes
 from batchsim.engine.engine import Engine, EngineOptions
 from batchsim.engine.kv_cache import KVCacheManager, kv_capacity_blocks
 from batchsim.engine.pipeline import PipelineEngine

@@ -46,7 +46,8 @@ from batchsim.calibration.predict import (
     with_terms,
     yaml_value,
 )
-from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile, load_hardware
+from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
+from batchsim.catalog.hardware_files import load_hardware
 from batchsim.cli.calibrate import print_ops
 from batchsim.cost import RooflineCostModel
 from batchsim.cost.comm import ring_all_reduce_time

@@ -49,8 +49,9 @@ from pydantic import Field, ValidationError
 
 from batchsim.calibration.fit import assign_folds, round_sig
 from batchsim.calibration.predict import with_terms, yaml_value
-from batchsim.catalog.hardware import CalibratedRange, HardwareProfile
-from batchsim.catalog.model import load_model
+from batchsim.catalog.calibrated_range import CalibratedRange
+from batchsim.catalog.hardware import HardwareProfile
+from batchsim.catalog.model_files import load_model
 from batchsim.errors import ConfigError
 from batchsim.validation import ConfigModel, StrictInt, config_error_from_pydantic, format_value
 from batchsim.yamlio import read_mapping

@@ -213,7 +213,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         merge_ranges,
         write_profile,
     )
-    from batchsim.catalog.hardware import CalibratedRange, load_hardware
+    from batchsim.catalog.calibrated_range import CalibratedRange
+    from batchsim.catalog.hardware_files import load_hardware
 
     if not args.ops and not args.e2e:
         raise ConfigError("give --ops DIR_OR_CSV... or --e2e FILE.json... (or both)")

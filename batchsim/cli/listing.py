@@ -25,11 +25,11 @@ def add_list(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     if args.kind == "hardware":
-        from batchsim.catalog.hardware import hardware_table
+        from batchsim.catalog.hardware_files import hardware_table
 
         _print_rows(hardware_table())
     elif args.kind == "models":
-        from batchsim.catalog.model import model_table
+        from batchsim.catalog.model_files import model_table
 
         _print_rows(model_table())
     elif args.kind == "frameworks":
