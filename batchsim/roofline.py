@@ -175,8 +175,8 @@ def mark_knee(rows: list[dict[str, Any]], knee: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``batchsim roofline``; returns the exit code (errors raise ConfigError)."""
-    from batchsim.catalog.hardware import load_hardware
-    from batchsim.catalog.model import load_model
+    from batchsim.catalog.hardware_files import load_hardware
+    from batchsim.catalog.model_files import load_model
     from batchsim.cost import BatchShape, RooflineCostModel
 
     fmt = _choice("--format", args.format, FORMATS)

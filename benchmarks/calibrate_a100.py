@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchsim.calibration.command import print_ops
 from batchsim.calibration.fit import all_reduce_fit, calibrate_ops
 from batchsim.calibration.measured import Measurements, read_measurements
 from batchsim.calibration.predict import (
@@ -47,7 +46,9 @@ from batchsim.calibration.predict import (
     with_terms,
     yaml_value,
 )
-from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile, load_hardware
+from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
+from batchsim.catalog.hardware_files import load_hardware
+from batchsim.cli.calibrate import print_ops
 from batchsim.cost import RooflineCostModel
 from batchsim.cost.comm import ring_all_reduce_time
 

@@ -49,7 +49,8 @@ from calibrate_a100 import (
 
 from batchsim.calibration.measured import read_measurements
 from batchsim.calibration.predict import yaml_value
-from batchsim.catalog.hardware import HardwareProfile, load_hardware
+from batchsim.catalog.hardware import HardwareProfile
+from batchsim.catalog.hardware_files import load_hardware
 from batchsim.errors import ConfigError
 
 COMPUTE = Path("data") / "profiling" / "compute"

@@ -379,7 +379,7 @@ def bench(
         simulate_peak_mb=peak,
     )
     if with_cli:
-        argv = [sys.executable, "-m", "batchsim.cli", "run", str(path), "-o", str(workdir / name)]
+        argv = [sys.executable, "-m", "batchsim", "run", str(path), "-o", str(workdir / name)]
         wall, peak, code, _, err = best_of(repeat, argv)
         if code != 0:
             row["error"] = (err.strip().splitlines() or ["?"])[-1]

@@ -35,8 +35,9 @@ from batchsim.calibration.fit import (
 from batchsim.calibration.measured import read_measurements
 from batchsim.calibration.predict import LayerOpModel, layer_breakdown, with_terms, yaml_value
 from batchsim.catalog import catalog_dir
-from batchsim.catalog.hardware import EFFICIENCY_KEYS, load_hardware
-from batchsim.catalog.model import load_model
+from batchsim.catalog.hardware import EFFICIENCY_KEYS
+from batchsim.catalog.hardware_files import load_hardware
+from batchsim.catalog.model_files import load_model
 from batchsim.cost import BatchShape, RooflineCostModel
 from batchsim.errors import ConfigError
 

@@ -23,6 +23,7 @@ import yaml
 
 from batchsim import cli
 from batchsim.catalog import catalog_names
+from batchsim.cli.tables import _fmt
 from batchsim.metrics.logs import IterationLog
 from batchsim.scheduler.registry import POLICIES
 from conftest import SUMMARY_KEYS
@@ -219,7 +220,7 @@ def test_list_policies_says_what_each_policy_is_on_either_build(capsys):
 
     assert cli.main(["list", "policies"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
-    package = Path(cli.__file__).parent / "scheduler"
+    package = Path(cli.__file__).parents[1] / "scheduler"
     for name, cls in POLICIES.items():
         source = package / (cls.__module__.rpartition(".")[2] + ".py")
         doc = ast.get_docstring(ast.parse(source.read_text(encoding="utf-8")))
@@ -861,6 +862,7 @@ from pathlib import Path
 
 import batchsim.simulation as simulation
 from batchsim import cli
+from batchsim.cli.tables import _fmt
 
 real_write_csv = simulation.write_csv
 
@@ -984,16 +986,16 @@ def test_summary_config_is_the_written_config_yaml(tmp_path, exp):
 
 def test_printed_numbers_keep_one_style_from_thousands_to_millions():
     # a sweep table mixed "585,190.63" with "1.17e+06" in one column
-    assert cli._fmt(585_190.634) == "585,190.63"
-    assert cli._fmt(1_170_043.4, " ms") == "1,170,043 ms"
-    assert cli._fmt(-2.5e13) == "-2.5e+13"
-    assert cli._fmt(float("nan")) == "-"
+    assert _fmt(585_190.634) == "585,190.63"
+    assert _fmt(1_170_043.4, " ms") == "1,170,043 ms"
+    assert _fmt(-2.5e13) == "-2.5e+13"
+    assert _fmt(float("nan")) == "-"
     # a small number keeps two significant digits (the lmdeploy preset's 0.025 ms per request
     # printed as 0.03)
-    assert cli._fmt(0.025) == "0.025"
-    assert cli._fmt(-0.0423, " s") == "-0.042 s"
-    assert cli._fmt(0.0) == "0.00"
-    assert cli._fmt(0.5) == "0.50"
+    assert _fmt(0.025) == "0.025"
+    assert _fmt(-0.0423, " s") == "-0.042 s"
+    assert _fmt(0.0) == "0.00"
+    assert _fmt(0.5) == "0.50"
 
 
 def test_list_frameworks_prints_each_presets_cpu_time_as_its_file_says(capsys):

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchsim.catalog.hardware import load_hardware
-from batchsim.catalog.model import load_model
+from batchsim.catalog.hardware_files import load_hardware
+from batchsim.catalog.model_files import load_model
 from batchsim.cost import OP_NAMES, BatchShape, RooflineCostModel
 from batchsim.cost.attention import split_context
 from batchsim.cost.costs import vmax
@@ -320,7 +320,7 @@ def test_deepseek_v3_prices_dense_and_moe_layers(a100):
 
 
 def test_every_builtin_gpu_prices_a_mixed_iteration(llama7b):
-    from batchsim.catalog.hardware import list_hardware
+    from batchsim.catalog.hardware_files import list_hardware
 
     shape = BatchShape.from_requests([256, 1, 1, 1], [512, 100, 2000, 30])
     for hw in list_hardware():

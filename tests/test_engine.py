@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import batchsim
 from batchsim.catalog import catalog_dir
-from batchsim.catalog.model import load_model
+from batchsim.catalog.model_files import load_model
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort

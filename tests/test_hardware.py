@@ -19,10 +19,8 @@ from batchsim.catalog.hardware import (
     EFFICIENCY_KEYS,
     EfficiencyKey,
     HardwareProfile,
-    hardware_table,
-    list_hardware,
-    load_hardware,
 )
+from batchsim.catalog.hardware_files import hardware_table, list_hardware, load_hardware
 from batchsim.errors import ConfigError
 from batchsim.yamlio import read_mapping
 

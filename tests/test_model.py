@@ -15,13 +15,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from batchsim.catalog import catalog_dir, catalog_names
-from batchsim.catalog.model import (
-    DTYPE_BYTES,
-    ModelSpec,
-    load_model,
-    model_table,
-    resolve_kv_dtype,
-)
+from batchsim.catalog.model import ModelSpec
+from batchsim.catalog.model_files import load_model, model_table
+from batchsim.dtypes import DTYPE_BYTES, resolve_kv_dtype
 from batchsim.errors import ConfigError
 from batchsim.validation import format_value
 from batchsim.yamlio import read_mapping

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from batchsim import cli, deployment, simulation
 from batchsim.catalog import catalog_names
-from batchsim.catalog.model import ModelSpec, load_model, model_table
+from batchsim.catalog.model import ModelSpec
+from batchsim.catalog.model_files import load_model, model_table
 from batchsim.config import validate_experiment
 from batchsim.cost.layers import LayerKernels
 from batchsim.errors import ConfigError

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from regen_golden import comparable
 
 from batchsim import cli
-from batchsim.catalog.hardware import load_hardware
-from batchsim.catalog.model import load_model
+from batchsim.catalog.hardware_files import load_hardware
+from batchsim.catalog.model_files import load_model
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape, RooflineCostModel
 from batchsim.cost.pipeline import PipelineCostModel, stage_layers

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from batchsim.catalog.model import load_model
+from batchsim.catalog.model_files import load_model
 from batchsim.cli import main
 from batchsim.cost import OP_NAMES
 

@@ -11,7 +11,7 @@ Modules (one idea each):
 - :mod:`~batchsim.calibration.e2e`: vLLM ``benchmark_latency`` / ``benchmark_serving`` results,
   simulated and fitted with a few aggregate terms.
 - :mod:`~batchsim.calibration.profile`: the written profile YAML and its sources.
-- :mod:`~batchsim.calibration.command`: the command's options, run and tables.
 
-Nothing here is imported by a simulation: the CLI loads it when ``calibrate`` runs.
+The command's options, run and tables are :mod:`batchsim.cli.calibrate`. Nothing here is
+imported by a simulation: the CLI loads it when ``calibrate`` runs.
 """

@@ -2,8 +2,9 @@
 benchmark results.
 
 Owns reading the result files of vLLM's two benchmark scripts and their setup
-(:func:`read_points`), turning each into an experiment to simulate, and the fit
-(:func:`fit_e2e`). The JSON layouts (``docs/calibration.md`` cites the scripts):
+(:func:`read_points`), turning each into an experiment to simulate, the shapes they measured
+(:func:`e2e_range`) and the fit (:func:`fit_e2e`). The JSON layouts (``docs/calibration.md``
+cites the scripts):
 
 * ``benchmarks/benchmark_latency.py --output-json`` (and ``vllm bench latency``):
   ``{"avg_latency": s, "latencies": [s, ...], "percentiles": {"10": s, ...}}`` — one batch of
@@ -48,8 +49,9 @@ from pydantic import Field, ValidationError
 
 from batchsim.calibration.fit import assign_folds, round_sig
 from batchsim.calibration.predict import with_terms, yaml_value
+from batchsim.catalog.calibrated_range import CalibratedRange
 from batchsim.catalog.hardware import HardwareProfile
-from batchsim.catalog.model import load_model
+from batchsim.catalog.model_files import load_model
 from batchsim.errors import ConfigError
 from batchsim.validation import ConfigModel, StrictInt, config_error_from_pydantic, format_value
 from batchsim.yamlio import read_mapping
@@ -59,6 +61,7 @@ __all__ = [
     "E2EFit",
     "E2EPoint",
     "Setup",
+    "e2e_range",
     "fit_e2e",
     "profile_values",
     "read_points",
@@ -309,6 +312,27 @@ def _check_experiment(point: E2EPoint) -> None:
 
 
 # ------------------------------------------------------------------------------ simulation
+
+
+def e2e_range(points: Sequence[E2EPoint]) -> CalibratedRange:
+    """The shapes the points measured, as a profile's ``calibrated_range:``: their models
+    and hidden sizes, tensor-parallel degrees and longest context (prompt + output tokens of
+    a request; not measured when no point tells it)."""
+    models = sorted({load_model(p.setup.model).name for p in points})
+    hidden = [load_model(p.setup.model).hidden_size for p in points]
+    tps = sorted({p.setup.tensor_parallel_size for p in points})
+    contexts = []
+    for p in points:
+        if p.lengths is not None:
+            contexts.append(max(a + b for a, b in zip(*p.lengths, strict=True)))
+        elif p.setup.input_len and p.setup.output_len:
+            contexts.append(p.setup.input_len + p.setup.output_len)
+    return CalibratedRange(
+        models=tuple(models),
+        hidden_size=(min(hidden), max(hidden)),
+        tensor_parallel_size=tuple(tps),
+        context_tokens=(0, max(contexts)) if contexts else None,
+    )
 
 
 def profile_values(

@@ -44,7 +44,8 @@ from batchsim.calibration.predict import (
     with_terms,
     yaml_value,
 )
-from batchsim.catalog.hardware import EFFICIENCY_KEYS, CalibratedRange, HardwareProfile
+from batchsim.catalog.calibrated_range import CalibratedRange
+from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
 from batchsim.cost.comm import ring_all_reduce_link_bytes
 
 __all__ = [

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchsim.catalog.model import ModelSpec, list_models, load_model
+from batchsim.catalog.model import ModelSpec
+from batchsim.catalog.model_files import list_models, load_model
 from batchsim.errors import ConfigError
 
 __all__ = [

@@ -3,7 +3,7 @@
 Owns :func:`calibrated_profile` (the base profile's YAML with the fitted terms, the measured
 range and sources saying what the terms were fitted from: file names and point counts, no
 dates, no directories) and :func:`write_profile` (atomic; the written file is loaded back with
-:func:`~batchsim.catalog.hardware.load_hardware` before it replaces anything).
+:func:`~batchsim.catalog.hardware_files.load_hardware` before it replaces anything).
 """
 
 from __future__ import annotations
@@ -16,12 +16,9 @@ from typing import Any
 from batchsim.calibration.fit import round_sig
 from batchsim.calibration.predict import yaml_value
 from batchsim.catalog import resolve
-from batchsim.catalog.hardware import (
-    EFFICIENCY_KEYS,
-    CalibratedRange,
-    HardwareProfile,
-    load_hardware,
-)
+from batchsim.catalog.calibrated_range import CalibratedRange
+from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
+from batchsim.catalog.hardware_files import load_hardware
 from batchsim.errors import write_error
 from batchsim.yamlio import dump, read_mapping
 

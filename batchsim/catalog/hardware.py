@@ -1,56 +1,33 @@
-"""Accelerators: :class:`HardwareProfile`, :func:`load_hardware` and :func:`list_hardware`.
+"""Accelerators: :class:`HardwareProfile`, one GPU in SI units, and the realism terms a profile
+may set (:data:`EFFICIENCY_KEYS`).
 
-Owns the hardware-profile YAML schema (``hardware_profiles/<name>.yaml``: human units in the
-key names — TFLOP/s, TB/s, GB, GB/s, ms, us), its validation, and the conversion to SI units
-(FLOP/s, B/s, bytes, s) that the rest of batchsim uses. Also owns the list of realism terms a
-profile may set (:data:`EFFICIENCY_KEYS`).
+Profiles are read from YAML by :mod:`batchsim.catalog.hardware_files`
+(:func:`~batchsim.catalog.hardware_files.load_hardware`), which converts the human units of the
+YAML to the SI units (FLOP/s, B/s, bytes, s) that the rest of batchsim uses. The shapes a
+calibrated profile's terms were fitted on are a
+:class:`~batchsim.catalog.calibrated_range.CalibratedRange`.
 
-Must not import anything from batchsim except :mod:`batchsim.errors`, :mod:`batchsim.catalog`,
-:mod:`batchsim.yamlio` (the one file reader) and :mod:`batchsim.validation` (the number rules)
-(stdlib, PyYAML, pydantic only): the cost model, the config loader and the CLI build on it.
-
-Every number of a profile is finite and in a physical range (the bounds are generous: a
-datasheet value is far inside them): peaks (0, 1e6] TFLOP/s, memory bandwidth (0, 1000] TB/s,
-memory (0, 1e6] GB, link bandwidths (0, 1e6] GB/s, compute units [1, 1e6], fixed times and
-CPU overheads [0, 1 s] in their unit, fractions (0, 1], other efficiency terms in the range
-their :class:`EfficiencyKey` states.
+Must not import anything from batchsim except :mod:`batchsim.errors`, :mod:`batchsim.catalog`
+and :mod:`batchsim.validation` (the number rules): the cost model, the config loader and the
+CLI build on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
-from decimal import Decimal
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import ErrorDetails
-
-from batchsim.catalog import catalog_names, resolve
+from batchsim.catalog.calibrated_range import CalibratedRange
 from batchsim.errors import ConfigError
-from batchsim.validation import (
-    MAX_BATCH_TOKENS,
-    MAX_GB,
-    MAX_STEP_MS,
-    StrictFloat,
-    StrictInt,
-    format_value,
-    number_problem,
-)
-from batchsim.yamlio import line_of, read_mapping
+from batchsim.validation import MAX_STEP_MS
 
 __all__ = [
     "CPU_OVERHEAD_DEFAULTS",
     "DTYPES",
     "EFFICIENCY_KEYS",
-    "CalibratedRange",
     "EfficiencyKey",
     "HardwareProfile",
-    "hardware_table",
-    "list_hardware",
-    "load_hardware",
 ]
 
 DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
@@ -271,121 +248,6 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
 CPU_OVERHEAD_DEFAULTS: dict[str, float] = {"base_ms": 0.81, "per_seq_ms": 0.042}
 """Defaults (ms) of the ``cpu_overhead:`` block: engine CPU time per iteration."""
 
-_TOP_LEVEL_KEYS = (
-    "name",
-    "description",
-    "peak_tflops",
-    "memory_bandwidth_tb_s",
-    "memory_gb",
-    "interconnect_bandwidth_gb_s",
-    "host_bandwidth_gb_s",
-    "num_compute_units",
-    "efficiency",
-    "cpu_overhead",
-    "calibrated_range",
-    "sources",
-)
-
-
-@dataclass(frozen=True)
-class CalibratedRange:
-    """The shapes a profile's terms were fitted on: its ``calibrated_range:`` block, written by
-    ``batchsim calibrate``. A run outside it uses the fitted terms beyond the data (``batchsim
-    run`` warns). Each range is ``(lowest, highest)``, inclusive; None: not measured.
-
-    Attributes:
-        models: Names of the models whose kernels were measured.
-        hidden_size: Hidden sizes of those models.
-        tensor_parallel_size: The tensor-parallel degrees measured (not a range: the sharded
-            shapes of another degree were not).
-        tokens: Tokens (GEMM rows) per iteration of the per-layer operator measurements.
-        batch_size: Requests per iteration (decode attention batches, CPU overhead batches).
-        context_tokens: Cached tokens per request of the attention measurements.
-    """
-
-    models: tuple[str, ...] = ()
-    hidden_size: tuple[int, int] | None = None
-    tensor_parallel_size: tuple[int, ...] | None = None
-    tokens: tuple[int, int] | None = None
-    batch_size: tuple[int, int] | None = None
-    context_tokens: tuple[int, int] | None = None
-
-    def outside(
-        self,
-        *,
-        model: str,
-        hidden_size: int,
-        tensor_parallel_size: int,
-        tokens: tuple[int, int] | None,
-        batch_size: tuple[int, int] | None,
-        context_tokens: int | None,
-    ) -> list[str]:
-        """What of a run lies outside the range, one line each (empty: all inside).
-
-        Args:
-            model: The run's model name (named in the message).
-            hidden_size: Its hidden size.
-            tensor_parallel_size: The run's tensor-parallel degree.
-            tokens: Fewest and most tokens of an iteration (None: no iteration).
-            batch_size: Fewest and most requests of an iteration.
-            context_tokens: Longest context of a request (prompt + output tokens); only
-                contexts longer than the range are reported.
-        """
-        out = []
-
-        def beyond(key: str, what: str, unit: str, lo: int, hi: int) -> None:
-            span = getattr(self, key)
-            if span is None or (span[0] <= lo and hi <= span[1]):
-                return
-            seen = f"{lo:,}-{hi:,}" if lo != hi else f"{lo:,}"
-            out.append(
-                f"calibrated_range.{key}: the profile's terms were fitted on {what} of "
-                f"{span[0]:,}-{span[1]:,} {unit}; this run has {what} of {seen} {unit}: "
-                "their times are extrapolated"
-            )
-
-        if self.hidden_size is not None and not (
-            self.hidden_size[0] <= hidden_size <= self.hidden_size[1]
-        ):
-            out.append(
-                "calibrated_range.hidden_size: the profile's terms were fitted on models of "
-                f"hidden size {self.hidden_size[0]:,}-{self.hidden_size[1]:,} "
-                f"({', '.join(self.models)}); this run's model {model} has {hidden_size:,}: "
-                "its times are extrapolated"
-            )
-        tps = self.tensor_parallel_size
-        if tps is not None and tensor_parallel_size not in tps:
-            out.append(
-                "calibrated_range.tensor_parallel_size: the profile's terms were fitted at "
-                f"tensor-parallel degrees {', '.join(str(t) for t in tps)}; this run uses "
-                f"{tensor_parallel_size}: its sharded shapes were not measured"
-            )
-        if tokens is not None:
-            beyond("tokens", "iterations", "tokens", *tokens)
-        if batch_size is not None:
-            beyond("batch_size", "batches", "requests", *batch_size)
-        span = self.context_tokens
-        if context_tokens is not None and span is not None and context_tokens > span[1]:
-            out.append(
-                "calibrated_range.context_tokens: the profile's terms were fitted on contexts "
-                f"of {span[0]:,}-{span[1]:,} tokens per request; this run has contexts of up to "
-                f"{context_tokens:,} tokens: their attention times are extrapolated"
-            )
-        return out
-
-    def to_yaml(self) -> dict[str, Any]:
-        """The ``calibrated_range:`` block (measured entries only, lists for YAML)."""
-        out: dict[str, Any] = {}
-        if self.models:
-            out["models"] = list(self.models)
-        for key in ("hidden_size", "tensor_parallel_size", "tokens", "batch_size"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = list(value)
-        if self.context_tokens is not None:
-            out["context_tokens"] = list(self.context_tokens)
-        return out
-
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -499,248 +361,3 @@ class HardwareProfile:
 
 
 _PROFILE_FIELDS = frozenset(f.name for f in dataclasses.fields(HardwareProfile))
-
-# --------------------------------------------------------------------------- YAML schema
-
-_Tflops = Annotated[StrictFloat, Field(gt=0, le=1e6)]
-_GbPerS = Annotated[StrictFloat, Field(gt=0, le=1e6)]
-_StepMs = Annotated[StrictFloat, Field(ge=0, le=MAX_STEP_MS)]
-
-
-class _Schema(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class _PeakTflops(_Schema):
-    bf16: _Tflops | None = None
-    fp16: _Tflops | None = None
-    fp8: _Tflops | None = None
-    int8: _Tflops | None = None
-    int4: _Tflops | None = None
-
-
-class _CpuOverhead(_Schema):
-    base_ms: _StepMs = CPU_OVERHEAD_DEFAULTS["base_ms"]
-    per_seq_ms: _StepMs = CPU_OVERHEAD_DEFAULTS["per_seq_ms"]
-
-
-_Count = Annotated[StrictInt, Field(ge=0, le=MAX_BATCH_TOKENS)]
-_Range = Annotated[list[_Count], Field(min_length=2, max_length=2)]
-
-
-class _CalibratedRange(_Schema):
-    models: list[Annotated[str, Field(min_length=1)]] = []
-    hidden_size: _Range | None = None
-    tensor_parallel_size: list[Annotated[StrictInt, Field(ge=1, le=1_000_000)]] | None = None
-    tokens: _Range | None = None
-    batch_size: _Range | None = None
-    context_tokens: _Range | None = None
-
-
-_RANGE_KEYS = ("hidden_size", "tokens", "batch_size", "context_tokens")
-
-
-class _ProfileYaml(_Schema):
-    name: Annotated[str, Field(min_length=1)]
-    description: str = ""
-    peak_tflops: _PeakTflops
-    memory_bandwidth_tb_s: Annotated[StrictFloat, Field(gt=0, le=1e3)]
-    memory_gb: Annotated[StrictFloat, Field(gt=0, le=MAX_GB)]
-    interconnect_bandwidth_gb_s: _GbPerS
-    host_bandwidth_gb_s: _GbPerS | None = None
-    num_compute_units: Annotated[StrictInt, Field(ge=1, le=1_000_000)]
-    efficiency: dict[str, Any] = {}
-    cpu_overhead: _CpuOverhead = _CpuOverhead()
-    calibrated_range: _CalibratedRange | None = None
-    sources: dict[str, str] = {}
-
-
-_SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
-    "": _TOP_LEVEL_KEYS,
-    "peak_tflops": DTYPES,
-    "cpu_overhead": tuple(CPU_OVERHEAD_DEFAULTS),
-    "calibrated_range": (
-        "models",
-        "hidden_size",
-        "tensor_parallel_size",
-        "tokens",
-        "batch_size",
-        "context_tokens",
-    ),
-}
-
-
-def _num(value: Any) -> Any:
-    """0.0 -> 0 for messages."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def _describe_error(err: ErrorDetails) -> tuple[tuple[str, ...], str]:
-    """Turn one pydantic error into (key path, one-line message)."""
-    loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-    path = ".".join(loc)
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    value = format_value(err.get("input"))
-    if kind == "missing":
-        return loc, f"{path}: required key is missing"
-    if kind == "extra_forbidden":
-        parent = ".".join(loc[:-1])
-        allowed = ", ".join(_SCHEMA_FIELDS.get(parent, ()))
-        return loc, f"{path}: unknown key; allowed keys here: {allowed}"
-    if kind == "greater_than":
-        return loc, f"{path} must be > {_num(ctx.get('gt'))}, got {value}"
-    if kind == "finite_number":
-        return loc, f"{path} must be a finite number, got {value}"
-    if kind == "greater_than_equal":
-        return loc, f"{path} must be >= {_num(ctx.get('ge'))}, got {value}"
-    if kind == "less_than_equal":
-        return loc, f"{path} must be <= {_num(ctx.get('le'))}, got {value}"
-    if kind in ("float_type", "int_type", "float_parsing", "int_parsing", "int_from_float"):
-        want = "an integer" if kind.startswith("int") else "a number"
-        return loc, f"{path} must be {want}, got {value}"
-    if kind in ("string_type", "string_too_short"):
-        return loc, f"{path} must be a non-empty string, got {value}"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return loc, f"{path or 'top level'} must be a mapping, got {value}"
-    return loc, f"{path}: {err['msg']}, got {value}"
-
-
-def _si(value: float, exponent: int) -> float:
-    """``value * 10**exponent`` rounded once (2.039 TB/s -> exactly 2.039e12 B/s)."""
-    return float(Decimal(repr(value)).scaleb(exponent))
-
-
-def _parse(path: Path) -> HardwareProfile:
-    source = str(path)
-    raw, text = read_mapping(path)
-
-    try:
-        doc = _ProfileYaml.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        loc, message = _describe_error(errors[0])
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more errors)"
-        raise ConfigError(message, source, line_of(text, loc)) from None
-
-    def fail(loc: tuple[str, ...], message: str) -> ConfigError:
-        return ConfigError(message, source, line_of(text, loc))
-
-    # efficiency: only the known keys, each validated against its kind.
-    efficiency: dict[str, float] = {}
-    for key, spec in EFFICIENCY_KEYS.items():
-        value = doc.efficiency.get(key, spec.default)
-        where = ("efficiency", key)
-        if spec.fraction:
-            problem = number_problem(value)
-            if problem is None and not 0 < value <= 1:
-                problem = f"must be in (0, 1], got {format_value(value)}"
-        else:
-            problem = number_problem(value, ge=spec.minimum, le=spec.upper)
-        if problem is not None:
-            raise fail(where, f"efficiency.{key} {problem}")
-        efficiency[spec.si_name] = float(value) / spec.per_si
-    unknown = sorted(set(doc.efficiency) - set(EFFICIENCY_KEYS))
-    if unknown:
-        allowed = ", ".join(EFFICIENCY_KEYS)
-        raise fail(
-            ("efficiency", unknown[0]),
-            f"efficiency.{unknown[0]}: unknown key; allowed keys here: {allowed}",
-        )
-
-    peaks = doc.peak_tflops.model_dump()
-    if peaks["bf16"] is None and peaks["fp16"] is None:
-        raise fail(("peak_tflops",), "peak_tflops: needs at least one of bf16, fp16")
-
-    for key in doc.sources:
-        if key.split(".")[0] not in _TOP_LEVEL_KEYS:
-            allowed = ", ".join(_TOP_LEVEL_KEYS)
-            raise fail(
-                ("sources", key), f"sources.{key}: names no key of the profile; keys: {allowed}"
-            )
-
-    calibrated = None
-    if doc.calibrated_range is not None:
-        block = doc.calibrated_range
-        for key in _RANGE_KEYS:
-            pair = getattr(block, key)
-            if pair is not None and pair[0] > pair[1]:
-                raise fail(
-                    ("calibrated_range", key),
-                    f"calibrated_range.{key} must be [lowest, highest], got {list(pair)}",
-                )
-        tps = block.tensor_parallel_size
-
-        def pair(key: str) -> tuple[int, int] | None:
-            value = getattr(block, key)
-            return (value[0], value[1]) if value is not None else None
-
-        calibrated = CalibratedRange(
-            models=tuple(block.models),
-            hidden_size=pair("hidden_size"),
-            tensor_parallel_size=tuple(sorted(set(tps))) if tps is not None else None,
-            tokens=pair("tokens"),
-            batch_size=pair("batch_size"),
-            context_tokens=pair("context_tokens"),
-        )
-
-    attrs = {name: value for name, value in efficiency.items() if name in _PROFILE_FIELDS}
-    return HardwareProfile(
-        name=doc.name,
-        description=doc.description,
-        peak_flops={d: (_si(v, 12) if v is not None else None) for d, v in peaks.items()},
-        memory_bandwidth=_si(doc.memory_bandwidth_tb_s, 12),
-        memory_capacity=_si(doc.memory_gb, 9),
-        interconnect_bandwidth=_si(doc.interconnect_bandwidth_gb_s, 9),
-        host_bandwidth=(
-            _si(doc.host_bandwidth_gb_s, 9) if doc.host_bandwidth_gb_s is not None else None
-        ),
-        num_compute_units=doc.num_compute_units,
-        cpu_overhead_base=doc.cpu_overhead.base_ms / 1e3,
-        cpu_overhead_per_seq=doc.cpu_overhead.per_seq_ms / 1e3,
-        efficiency=efficiency,
-        sources=dict(doc.sources),
-        calibrated_range=calibrated,
-        **attrs,
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _load_path(path: str, mtime_ns: int) -> HardwareProfile:
-    return _parse(Path(path))
-
-
-def load_hardware(name_or_path: str, key: str = "hardware") -> HardwareProfile:
-    """Load a hardware profile by built-in name or YAML path.
-
-    Results are cached per file and modification time.
-
-    Args:
-        name_or_path: ``a100-80gb`` or ``path/to/profile.yaml``.
-        key: Config key that held the value, for error messages.
-
-    Raises:
-        ConfigError: Unknown name (lists the built-ins), unreadable or malformed YAML, missing,
-            unknown, wrong-typed, zero or negative value. One line naming the file and key path.
-    """
-    if not isinstance(name_or_path, str) or not name_or_path:
-        raise ConfigError(f"{key}: expected a hardware name or a file path, got {name_or_path!r}")
-    path = resolve("hardware_profiles", name_or_path, key)
-    return _load_path(str(path), path.stat().st_mtime_ns)
-
-
-def list_hardware() -> list[HardwareProfile]:
-    """Every built-in hardware profile, sorted by name."""
-    return [load_hardware(name) for name in catalog_names("hardware_profiles")]
-
-
-def hardware_table() -> list[dict[str, Any]]:
-    """One row of key numbers per built-in profile, for ``batchsim list hardware``.
-
-    Keys: name, description, bf16_tflops, fp8_tflops, int8_tops, memory_tb_s, memory_gb
-    (decimal GB), interconnect_gb_s (per direction), host_link_gb_s (host<->GPU, per
-    direction; None when the profile does not give it), compute_units, ridge_point_bf16
-    (FLOP/B).
-    """
-    return [hw.summary() for hw in list_hardware()]

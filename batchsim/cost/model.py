@@ -12,7 +12,8 @@ kernel with no quantization, floors or overheads. Every parameter and its deriva
 ``docs/calibration.md``.
 
 Must not import simpy, nor anything about requests, schedulers or the engine: only
-:mod:`batchsim.cost`, :mod:`batchsim.errors`, :mod:`batchsim.catalog`, numpy and stdlib.
+:mod:`batchsim.cost`, :mod:`batchsim.errors`, :mod:`batchsim.dtypes`, :mod:`batchsim.catalog`,
+numpy and stdlib.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from batchsim.catalog.hardware import HardwareProfile
-from batchsim.catalog.model import DTYPE_BYTES, ModelSpec, resolve_kv_dtype
+from batchsim.catalog.model import ModelSpec
 from batchsim.cost.attention import BLOCK_N, AttentionPricing, decode_steps_in_block
 from batchsim.cost.comm import AllReducePricing
 from batchsim.cost.costs import (
@@ -46,6 +47,7 @@ from batchsim.cost.gemm import GemmPricing
 from batchsim.cost.layers import ElementwiseKernel, LayerKernels, activation_flops
 from batchsim.cost.shapes import BatchShape
 from batchsim.cost.terms import WEIGHT_DTYPES, HardwareTerms
+from batchsim.dtypes import DTYPE_BYTES, resolve_kv_dtype
 from batchsim.errors import ConfigError
 
 __all__ = ["WEIGHT_DTYPES", "RooflineCostModel"]

@@ -18,7 +18,7 @@ a bad group is one line naming it (``cluster.replicas[1]: ...``).
 from __future__ import annotations
 
 from batchsim.catalog.hardware import HardwareProfile
-from batchsim.catalog.model import load_model
+from batchsim.catalog.model_files import load_model
 from batchsim.config.experiment import ExperimentConfig
 from batchsim.config.groups import group_experiments
 from batchsim.deployment.base import Deployment, Group

@@ -20,11 +20,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from batchsim.catalog.hardware import HardwareProfile, load_hardware
-from batchsim.catalog.model import ModelSpec, dtype_bytes, load_model
+from batchsim.catalog.hardware import HardwareProfile
+from batchsim.catalog.hardware_files import load_hardware
+from batchsim.catalog.model import ModelSpec
+from batchsim.catalog.model_files import load_model
 from batchsim.config import EngineConfig, ExperimentConfig
 from batchsim.cost import RooflineCostModel
 from batchsim.cost.pipeline import PipelineCostModel
+from batchsim.dtypes import dtype_bytes
 from batchsim.engine.kv_cache import kv_capacity_blocks
 from batchsim.errors import ConfigError
 from batchsim.scheduler.speculative import SPECULATIVE_POLICIES

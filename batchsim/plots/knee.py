@@ -160,8 +160,8 @@ def decode_context(run: Run) -> tuple[int, str] | None:
 def roofline_knee(run: Run) -> RooflineKnee | None:
     """The roofline knee for ``run``'s model, GPU, tensor parallelism and dtypes at its mean
     decode context (None when the context or a catalog entry cannot be found)."""
-    from batchsim.catalog.hardware import load_hardware
-    from batchsim.catalog.model import load_model
+    from batchsim.catalog.hardware_files import load_hardware
+    from batchsim.catalog.model_files import load_model
     from batchsim.cost import RooflineCostModel
 
     context = decode_context(run)

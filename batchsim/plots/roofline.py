@@ -283,7 +283,7 @@ def _gpu(run: Run) -> _Gpu:
 
 
 def _hardware(run: Run, name: Any, dtype: str) -> tuple[HardwareProfile, str]:
-    from batchsim.catalog.hardware import load_hardware
+    from batchsim.catalog.hardware_files import load_hardware
 
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{run.path}: the run's config names no hardware profile")

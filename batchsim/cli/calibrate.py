@@ -1,7 +1,8 @@
-"""The ``batchsim calibrate`` command: options, the run, the printed tables.
+"""``batchsim calibrate``: its options, the run (reading the inputs, calling the fits of
+:mod:`batchsim.calibration`, writing the new profile) and the tables it prints.
 
-Owns :func:`add_arguments` (light: the CLI builds its parser with it) and :func:`run`. Every
-input is read and checked before anything is fitted, and nothing is written on bad input.
+Owns :func:`add_calibrate` (light: the CLI builds its parser with it) and the run. Every input
+is read and checked before anything is fitted, and nothing is written on bad input.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchsim.cli import positive_int
+from batchsim.cli.args import positive_int
 from batchsim.dtypes import WEIGHT_DTYPES
 from batchsim.errors import ConfigError
 
@@ -21,14 +22,13 @@ if TYPE_CHECKING:
     from batchsim.calibration.e2e import E2EFit
     from batchsim.calibration.fit import CalibrationResult
 
-__all__ = ["DESCRIPTION", "add_arguments", "run"]
-
 _KIND = {
     "layer_ops": "layer ops",
     "attention": "attention",
     "cpu": "CPU overhead",
     "all_reduce": "all-reduce",
 }
+
 
 DESCRIPTION = (
     "Fit a hardware profile's terms to your own measurements and write a new profile YAML: "
@@ -39,6 +39,8 @@ DESCRIPTION = (
     "runs match). The new profile records the measured range (calibrated_range:); batchsim "
     "run warns when a run goes outside it. See docs/calibration.md."
 )
+
+
 EPILOG = (
     "Setup a result file does not hold (model, batch size, lengths, TP) comes from a sidecar "
     "NAME.yaml next to NAME.json (keys model, tensor_parallel_size, batch_size, input_len, "
@@ -47,16 +49,22 @@ EPILOG = (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``calibrate`` options to ``parser``."""
-    parser.add_argument(
+def add_calibrate(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``calibrate`` command and its options to ``sub``."""
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a hardware profile's terms to your own measurements",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
+    p.add_argument(
         "--hardware",
         required=True,
         metavar="BASE",
         help="the profile to start from: built-in name or profile YAML (its datasheet numbers "
         "are kept; terms the measurements do not cover keep its values)",
     )
-    parser.add_argument(
+    p.add_argument(
         "--ops",
         nargs="+",
         action="extend",
@@ -64,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR_OR_CSV",
         help="per-operator timings: CSV files in Vidur's layout, or directories of them",
     )
-    parser.add_argument(
+    p.add_argument(
         "--e2e",
         nargs="+",
         action="extend",
@@ -72,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="vLLM benchmark_latency --output-json or benchmark_serving --save-result files",
     )
-    parser.add_argument(
+    p.add_argument(
         "--model",
         nargs="+",
         action="extend",
@@ -82,37 +90,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "found among the built-in models by the CSV files' shapes. With --e2e, one model is "
         "the default model of the result files",
     )
-    parser.add_argument(
+    p.add_argument(
         "-o", "--output", required=True, metavar="NEW_PROFILE.yaml", help="profile to write"
     )
-    parser.add_argument(
+    p.add_argument(
         "--name", metavar="NAME", help="the new profile's name (default: the file's stem)"
     )
-    parser.add_argument(
+    p.add_argument(
         "--folds",
         type=positive_int,
         default=5,
         metavar="K",
         help="folds of the held-out error (default 5; 1: no held-out error)",
     )
-    parser.add_argument(
+    p.add_argument(
         "--dtype",
         choices=WEIGHT_DTYPES,
         default="bf16",
         help="weight dtype of the measured kernels (default bf16; fp16 prices the same)",
     )
-    parser.add_argument(
-        "--tp", type=positive_int, metavar="N", help="--e2e: tensor-parallel degree"
-    )
-    parser.add_argument(
+    p.add_argument("--tp", type=positive_int, metavar="N", help="--e2e: tensor-parallel degree")
+    p.add_argument(
         "--batch-size", type=positive_int, metavar="N", help="--e2e: benchmark_latency --batch-size"
     )
-    parser.add_argument(
+    p.add_argument(
         "--input-len", type=positive_int, metavar="N", help="--e2e: prompt tokens per request"
     )
-    parser.add_argument(
+    p.add_argument(
         "--output-len", type=positive_int, metavar="N", help="--e2e: output tokens per request"
     )
+    p.set_defaults(func=_cmd_calibrate)
 
 
 def _pct(pair: tuple[float, float]) -> str:
@@ -194,9 +201,9 @@ def print_e2e(fit: E2EFit, out: Any = None) -> None:
         print(f"  {line}", file=out)
 
 
-def run(args: argparse.Namespace) -> int:
+def _cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``batchsim calibrate``."""
-    from batchsim.calibration.e2e import fit_e2e, read_points
+    from batchsim.calibration.e2e import e2e_range, fit_e2e, read_points
     from batchsim.calibration.fit import calibrate_ops
     from batchsim.calibration.measured import read_measurements
     from batchsim.calibration.predict import with_terms, yaml_value
@@ -206,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
         merge_ranges,
         write_profile,
     )
-    from batchsim.catalog.hardware import CalibratedRange, load_hardware
+    from batchsim.catalog.calibrated_range import CalibratedRange
+    from batchsim.catalog.hardware_files import load_hardware
 
     if not args.ops and not args.e2e:
         raise ConfigError("give --ops DIR_OR_CSV... or --e2e FILE.json... (or both)")
@@ -299,8 +307,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if any(k.startswith("cpu_overhead") for k in fit.scales):
             cpu_sources.append(f"end-to-end fit on {', '.join(p.file for p in points)}")
-        e2e_range = _e2e_range(points)
-        ranges = merge_ranges(ranges, e2e_range)
+        ranges = merge_ranges(ranges, e2e_range(points))
     sources.append(f"terms not fitted keep the values of profile {base.name}")
     print("terms (YAML units): base -> fitted")
     for key, value in values.items():
@@ -322,24 +329,3 @@ def run(args: argparse.Namespace) -> int:
     write_profile(output, profile)
     print(f"wrote {output}")
     return 0
-
-
-def _e2e_range(points: list[Any]) -> Any:
-    from batchsim.catalog.hardware import CalibratedRange
-    from batchsim.catalog.model import load_model
-
-    models = sorted({load_model(p.setup.model).name for p in points})
-    hidden = [load_model(p.setup.model).hidden_size for p in points]
-    tps = sorted({p.setup.tensor_parallel_size for p in points})
-    contexts = []
-    for p in points:
-        if p.lengths is not None:
-            contexts.append(max(a + b for a, b in zip(*p.lengths, strict=True)))
-        elif p.setup.input_len and p.setup.output_len:
-            contexts.append(p.setup.input_len + p.setup.output_len)
-    return CalibratedRange(
-        models=tuple(models),
-        hidden_size=(min(hidden), max(hidden)),
-        tensor_parallel_size=tuple(tps),
-        context_tokens=(0, max(contexts)) if contexts else None,
-    )
