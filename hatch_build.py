@@ -32,7 +32,10 @@ COMPILED = (
     "batchsim/engine/kv_cache.py",
     "batchsim/engine/request.py",
     "batchsim/engine/stretch.py",
-    "batchsim/metrics/logs.py",
+    "batchsim/metrics/columns.py",
+    "batchsim/metrics/iterations.py",
+    "batchsim/metrics/requests.py",
+    "batchsim/metrics/timing.py",
     "batchsim/scheduler/interface.py",
     "batchsim/scheduler/output.py",
 )

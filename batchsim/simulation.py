@@ -55,19 +55,15 @@ from batchsim.errors import (
     describe_exception,
     write_error,
 )
-from batchsim.metrics.logs import (
-    ITERATION_COLUMNS,
-    REQUEST_COLUMNS,
-    Columns,
-    IterationLog,
-    sample_rows,
-)
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import ITERATION_COLUMNS, IterationLog, sample_rows
 from batchsim.metrics.replicas import (
     pool_busy_fractions,
     replica_column_names,
     replica_table,
     transfer_summary,
 )
+from batchsim.metrics.requests import REQUEST_COLUMNS
 from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import TableStream, _jsonable, write_csv, write_parquet

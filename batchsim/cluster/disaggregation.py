@@ -45,7 +45,8 @@ from batchsim.cluster.config import LinkConfig
 from batchsim.cluster.router import DECODE_ROUTER_STREAM, load_router, make_router
 from batchsim.engine.handoff import DisaggregatedDispatcher, KVTransferModel
 from batchsim.errors import ConfigError
-from batchsim.metrics.logs import IterationLog, RequestLog
+from batchsim.metrics.iterations import IterationLog
+from batchsim.metrics.requests import RequestLog
 from batchsim.scheduler.registry import load_policy
 from batchsim.scheduler.static import StaticScheduler
 from batchsim.simulation import Setup, engine_parts, unused_key_notes

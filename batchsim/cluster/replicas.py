@@ -21,8 +21,9 @@ from batchsim.cluster.router import make_router
 from batchsim.engine.dispatch import Dispatcher
 from batchsim.engine.engine import Engine
 from batchsim.errors import ConfigError
-from batchsim.metrics.logs import IterationLog, RequestLog
+from batchsim.metrics.iterations import IterationLog
 from batchsim.metrics.replicas import ReplicaRecord
+from batchsim.metrics.requests import RequestLog
 from batchsim.scheduler.registry import load_policy
 from batchsim.scheduler.speculative import SpeculativeScheduler, summary_of
 from batchsim.simulation import Setup, build, engine_parts, unused_key_notes

@@ -77,7 +77,8 @@ from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.engine.stretch import StretchRunner, repeat_limit, run_row, stretches_allowed
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
-from batchsim.metrics.logs import TIME_EPS, IterationLog, RequestLog
+from batchsim.metrics.iterations import TIME_EPS, IterationLog
+from batchsim.metrics.requests import RequestLog
 from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes

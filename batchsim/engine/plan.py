@@ -22,7 +22,7 @@ import numpy as np
 
 from batchsim.engine.kv_cache import UsageRamp
 from batchsim.engine.stretch import run_until
-from batchsim.metrics.logs import IterationLog
+from batchsim.metrics.iterations import IterationLog
 
 
 class StretchPlan:
