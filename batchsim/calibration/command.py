@@ -19,7 +19,7 @@ from batchsim.errors import ConfigError
 
 if TYPE_CHECKING:
     from batchsim.calibration.e2e import E2EFit
-    from batchsim.calibration.fit import CalibrationResult
+    from batchsim.calibration.held_out import CalibrationResult
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
 
@@ -197,7 +197,7 @@ def print_e2e(fit: E2EFit, out: Any = None) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``batchsim calibrate``."""
     from batchsim.calibration.e2e import fit_e2e, read_points
-    from batchsim.calibration.fit import calibrate_ops
+    from batchsim.calibration.held_out import calibrate_ops
     from batchsim.calibration.measured import read_measurements
     from batchsim.calibration.predict import with_terms, yaml_value
     from batchsim.calibration.profile import (
