@@ -24,11 +24,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsim import yamlio
 from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
 from batchsim.workload import columnar, columnar_times, files, generate, parse_workload, traces
 from batchsim.workload.traces import CsvColumns, TraceConfig, load_trace
+from batchsim.yamlio import reading
 from conftest import UNNAMED_THREADS
 
 SAMPLES = [
@@ -883,7 +883,7 @@ def test_num_requests_beyond_a_short_file_still_names_its_size(tmp_path: Path) -
 def test_the_size_cap_holds_when_reading_part_of_a_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(yamlio, "MAX_DATA_BYTES", 4096)
+    monkeypatch.setattr(reading, "MAX_DATA_BYTES", 4096)
     path = write(tmp_path / "t.csv", "\n".join([AZURE_HEADER, *azure_rows(200)]))
     assert "file is larger than 0 MiB" in load_error(path, limit=1)
 
