@@ -23,7 +23,8 @@ from typing import Any
 
 from batchsim.config import OUTPUT_FORMATS, ExperimentConfig
 from batchsim.errors import ConfigError, write_error
-from batchsim.metrics.logs import ITERATION_COLUMNS, Columns, IterationLog
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import ITERATION_COLUMNS, IterationLog
 from batchsim.metrics.writers import TableStream, _jsonable
 
 OUTPUT_FILES = ("summary.json", "requests.csv", "iterations.csv", "config.yaml")

@@ -29,14 +29,10 @@ from batchsim.config import (
 )
 from batchsim.deployment import assemble
 from batchsim.errors import ConfigError, write_error
-from batchsim.metrics.logs import (
-    ITERATION_COLUMNS,
-    REQUEST_COLUMNS,
-    Columns,
-    IterationLog,
-    sample_rows,
-)
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import ITERATION_COLUMNS, IterationLog, sample_rows
 from batchsim.metrics.replicas import replica_column_names
+from batchsim.metrics.requests import REQUEST_COLUMNS
 from batchsim.metrics.slots import SLOT_COLUMNS
 from batchsim.metrics.summary import summarize
 from batchsim.metrics.writers import write_csv, write_parquet

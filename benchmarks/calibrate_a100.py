@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchsim.calibration.fit import all_reduce_fit, calibrate_ops
+from batchsim.calibration.fit import all_reduce_fit
+from batchsim.calibration.held_out import calibrate_ops
 from batchsim.calibration.measured import Measurements, read_measurements
 from batchsim.calibration.predict import (
     layer_breakdown,

@@ -26,14 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchsim import cli
-from batchsim.calibration.fit import (
-    FOLD_SEED,
-    assign_folds,
-    calibrate_ops,
-    coordinate_search,
-)
+from batchsim.calibration.held_out import FOLD_SEED, assign_folds, calibrate_ops
 from batchsim.calibration.measured import read_measurements
 from batchsim.calibration.predict import LayerOpModel, layer_breakdown, with_terms, yaml_value
+from batchsim.calibration.search import coordinate_search
 from batchsim.catalog import catalog_dir
 from batchsim.catalog.hardware import EFFICIENCY_KEYS
 from batchsim.catalog.hardware_files import load_hardware

@@ -24,7 +24,7 @@ import yaml
 from batchsim import cli
 from batchsim.catalog import catalog_names
 from batchsim.cli.tables import _fmt
-from batchsim.metrics.logs import IterationLog
+from batchsim.metrics.iterations import IterationLog
 from batchsim.scheduler.registry import POLICIES
 from conftest import SUMMARY_KEYS
 

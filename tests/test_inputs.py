@@ -36,6 +36,7 @@ from batchsim.scheduler.interface import SchedulerConfig
 from batchsim.validation import format_value
 from batchsim.workload import generate
 from batchsim.workload.config import parse_workload
+from batchsim.yamlio import plain, reading
 from conftest import tiny_experiment
 
 BASE: dict[str, Any] = tiny_experiment(
@@ -257,7 +258,7 @@ def test_format_value_does_bounded_work_on_huge_shared_structures() -> None:
 
 
 def test_scheduler_options_from_the_python_api_are_bounded_plain_data(monkeypatch) -> None:
-    monkeypatch.setattr(yamlio, "MAX_NODES", 100_000)  # the same rule, checked sooner
+    monkeypatch.setattr(plain, "MAX_NODES", 100_000)  # the same rule, checked sooner
     node: Any = ["lol"] * 10
     for _ in range(9):
         node = [node] * 10
@@ -626,8 +627,8 @@ def test_experiment_larger_than_64_mib_is_refused_quickly(
 
 @pytest.mark.parametrize("kind", FILE_KINDS[1:])
 def test_every_file_kind_has_a_size_cap(tmp_path, capsys, monkeypatch, kind: str) -> None:
-    monkeypatch.setattr(yamlio, "MAX_CONFIG_BYTES", 4096)
-    monkeypatch.setattr(yamlio, "MAX_DATA_BYTES", 4096)
+    monkeypatch.setattr(reading, "MAX_CONFIG_BYTES", 4096)
+    monkeypatch.setattr(reading, "MAX_DATA_BYTES", 4096)
     target, exp = corrupt_target(tmp_path, kind)
     write(target, b"#" * 5000)
     bad_input(tmp_path, capsys, exp, target.name, "larger than 0 MiB")
@@ -952,7 +953,7 @@ def test_line_of_never_raises() -> None:
 def test_the_pure_python_yaml_parser_follows_the_same_rules(monkeypatch) -> None:
     # Without libyaml, PyYAML's own parser feeds the same limited composer.
     monkeypatch.setitem(sys.modules, "yaml._yaml", None)
-    spec = importlib.util.spec_from_file_location("yamlio_without_libyaml", yamlio.__file__)
+    spec = importlib.util.spec_from_file_location("yamlio_without_libyaml", reading.__file__)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

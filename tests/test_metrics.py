@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchsim
-from batchsim.metrics import logs
-from batchsim.metrics.logs import RunTable, TokenRuns
+from batchsim.metrics import timing
+from batchsim.metrics.timing import RunTable, TokenRuns
 from batchsim.scheduler.interface import Scheduler
 from conftest import tiny_experiment
 
@@ -152,7 +152,7 @@ def test_inter_token_gaps_equal_the_differences_of_each_requests_token_times(
         np.array(last, dtype=np.int32),
         np.array(is_first, dtype=bool),
     )
-    with mock.patch.object(logs, "_GAP_CHUNK", chunk):
+    with mock.patch.object(timing, "_GAP_CHUNK", chunk):
         values, weights = runs.inter_token_gaps(table)
     np.testing.assert_allclose(np.sort(np.repeat(values, weights)), np.sort(expected), rtol=1e-9)
 

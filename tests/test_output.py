@@ -25,8 +25,9 @@ import batchsim
 from batchsim import cli, progress
 from batchsim.config import load_experiment
 from batchsim.errors import ConfigError
-from batchsim.metrics import logs, writers
-from batchsim.metrics.logs import ChunkedColumns, sample_rows
+from batchsim.metrics import writers
+from batchsim.metrics.columns import ChunkedColumns, _distinct
+from batchsim.metrics.iterations import IterationLog, sample_rows
 from batchsim.plots import PlotOptions, figure
 from batchsim.plots.data import load
 from batchsim.simulation import simulate
@@ -513,7 +514,8 @@ def test_a_short_run_shows_nothing():
     seed=st.integers(0, 2**32 - 1),
 )
 def test_stored_columns_read_back_bit_for_bit(kind, dtype, n, seed):
-    with mock.patch.object(logs, "_CHUNK", 64):  # several full (packed) chunks and an open one
+    # several full (packed) chunks and an open one
+    with mock.patch("batchsim.metrics.columns._CHUNK", 64):
         check_stored_column(kind, dtype, n, seed)
 
 
@@ -552,7 +554,7 @@ def check_stored_column(kind: str, dtype: str, n: int, seed: int) -> None:
 @given(st.lists(st.integers(0, 5), max_size=40))
 def test_distinct_counts_values_as_numpy_unique_does(values):
     bits = np.array(values, dtype=np.uint64)
-    assert logs._distinct(bits) == len(np.unique(bits))
+    assert _distinct(bits) == len(np.unique(bits))
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
@@ -573,9 +575,9 @@ def test_run_writes_the_iterations_while_it_runs_into_the_same_file_as_afterward
 
     monkeypatch.setattr(writers.TableStream, "add", add)
     during: list[int] = []
-    real_end = logs.IterationLog.end_stream
+    real_end = IterationLog.end_stream
     monkeypatch.setattr(
-        logs.IterationLog, "end_stream", lambda log: during.append(len(handed)) or real_end(log)
+        IterationLog, "end_stream", lambda log: during.append(len(handed)) or real_end(log)
     )
     experiment = tmp_path / "exp.yaml"
     experiment.write_text(yaml.safe_dump(EXPERIMENT), encoding="utf-8")

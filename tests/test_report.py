@@ -27,7 +27,7 @@ import batchsim
 import batchsim.plots as plots
 from batchsim import cli
 from batchsim.errors import ConfigError
-from batchsim.plots import report
+from batchsim.plots import report, report_figures, report_tables
 from batchsim.plots.data import Run
 from batchsim.plots.report import write_report
 from batchsim.plots.style import OKABE_ITO, finish, new_figure
@@ -284,7 +284,7 @@ def test_a_figure_that_fails_for_a_bug_propagates(run_dir, tmp_path, fake_kinds,
 
 
 def test_large_figure_is_embedded_as_png(run_dir, tmp_path, fake_kinds, monkeypatch):
-    monkeypatch.setattr(report, "SVG_MAX_CHARS", 1000)
+    monkeypatch.setattr(report_figures, "SVG_MAX_CHARS", 1000)
     page = write_report(run_dir, tmp_path / "r.html").read_text()
     assert "<svg" not in page
     match = re.search(r'<img alt="fake-line figure" src="data:image/png;base64,([^"]+)">', page)
@@ -325,7 +325,7 @@ def test_capacity_report(capacity_dir, tmp_path, fake_kinds):
 
 
 def test_table_rows_are_capped(sweep_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "MAX_TABLE_ROWS", 3)
+    monkeypatch.setattr(report_tables, "MAX_TABLE_ROWS", 3)
     page = write_report(sweep_dir, tmp_path / "r.html").read_text()
     assert len(_tables(page)["table-main"].rows) == 3
     assert "the first 3 of 8 rows" in page

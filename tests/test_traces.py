@@ -24,11 +24,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsim import yamlio
 from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
-from batchsim.workload import columnar, files, generate, parse_workload, traces
+from batchsim.workload import columnar, columnar_times, files, generate, parse_workload, traces
 from batchsim.workload.traces import CsvColumns, TraceConfig, load_trace
+from batchsim.yamlio import reading
 from conftest import UNNAMED_THREADS
 
 SAMPLES = [
@@ -659,11 +659,11 @@ def test_timestamps_parse_to_the_nanoseconds_pandas_gives(
         text = (pd.Timestamp(w) + pd.Timedelta(nanoseconds=nanos)).strftime("%Y-%m-%d %H:%M:%S")
         fraction = f"{pd.Timestamp(w).microsecond:06d}{nanos:03d}"[:digits]
         texts.append(text.replace(" ", sep) + (f".{fraction}" if digits else ""))
-    ns = columnar._iso_ns(pa.array(texts, pa.string()))
+    ns = columnar_times._iso_ns(pa.array(texts, pa.string()))
     parsed = pd.to_datetime(pd.Series(texts), format="ISO8601")
     assert ns is not None
     assert ns.tolist() == parsed.astype("datetime64[ns]").astype("int64").tolist()
-    seconds = columnar._azure_seconds(pa.chunked_array([pa.array(texts, pa.string())]))
+    seconds = columnar_times._azure_seconds(pa.chunked_array([pa.array(texts, pa.string())]))
     expected = files.seconds_since_first(texts)  # the row reader's (pandas)
     assert seconds is not None and expected is not None
     assert seconds.tobytes() == expected.tobytes()
@@ -671,7 +671,7 @@ def test_timestamps_parse_to_the_nanoseconds_pandas_gives(
 
 @pytest.mark.parametrize("text", [*AZURE_STAMPS, "2023-11-16 18:15:51.1234567"])
 def test_a_timestamp_the_fast_parser_reads_is_one_pandas_reads_the_same(text: str) -> None:
-    ns = columnar._iso_ns(pa.array([text], pa.string()))
+    ns = columnar_times._iso_ns(pa.array([text], pa.string()))
     parsed = pd.to_datetime(pd.Series([text]), format="ISO8601", errors="coerce")
     if ns is not None:  # else pandas decides
         assert not parsed.isna().any()
@@ -883,7 +883,7 @@ def test_num_requests_beyond_a_short_file_still_names_its_size(tmp_path: Path) -
 def test_the_size_cap_holds_when_reading_part_of_a_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(yamlio, "MAX_DATA_BYTES", 4096)
+    monkeypatch.setattr(reading, "MAX_DATA_BYTES", 4096)
     path = write(tmp_path / "t.csv", "\n".join([AZURE_HEADER, *azure_rows(200)]))
     assert "file is larger than 0 MiB" in load_error(path, limit=1)
 

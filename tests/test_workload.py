@@ -946,7 +946,7 @@ def test_data_files_are_utf8_text_of_bounded_size(tmp_path: Path, monkeypatch) -
     spec = {"dist": "empirical", "path": str(tmp_path / "n.txt")}
     with pytest.raises(ConfigError, match=r"n.txt:2: not UTF-8 text: byte 0xff"):
         draw(spec, n=1)
-    monkeypatch.setattr("batchsim.yamlio.MAX_DATA_BYTES", 10)
+    monkeypatch.setattr("batchsim.yamlio.reading.MAX_DATA_BYTES", 10)
     (tmp_path / "m.txt").write_text("12\n13\n14\n15\n")
     with pytest.raises(ConfigError, match=r"m.txt: file is larger than 0 MiB"):
         draw({"dist": "empirical", "path": str(tmp_path / "m.txt")}, n=1)

@@ -47,8 +47,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field, ValidationError
 
-from batchsim.calibration.fit import assign_folds, round_sig
+from batchsim.calibration.held_out import assign_folds
 from batchsim.calibration.predict import with_terms, yaml_value
+from batchsim.calibration.search import round_sig
 from batchsim.catalog.calibrated_range import CalibratedRange
 from batchsim.catalog.hardware import HardwareProfile
 from batchsim.catalog.model_files import load_model

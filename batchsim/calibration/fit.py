@@ -1,10 +1,9 @@
-"""Fitting a profile's terms to measured operator timings, and the held-out error of the fit.
+"""Fitting a profile's terms to measured operator timings, family by family.
 
-Owns the search (:func:`coordinate_search`: deterministic, each term in turn tried at fixed
-multiples of its value, coarse steps then fine ones), the fit score (:func:`layer_score`), the
-fit of each family of terms (:func:`fit_terms`), the deterministic k-fold split
-(:func:`assign_folds`) and :func:`calibrate_ops`, which fits on all points, fits again with
-each fold held out, and reports the error per operator group.
+Owns what is fitted (:class:`FitData`, the points with what the fit precomputes once) and the
+fit of each family of terms (:func:`fit_terms`), each searched with
+:func:`~batchsim.calibration.search.coordinate_search`; the held-out error of the fit is
+:mod:`~batchsim.calibration.held_out`.
 
 Families, fitted in this order on the points that measure them (others keep the base
 profile's values):
@@ -28,8 +27,7 @@ measurement shows them). Must not import the engine or the scheduler.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,38 +36,23 @@ import pandas as pd
 from batchsim.calibration.measured import LAYER_GROUPS, Measurements
 from batchsim.calibration.predict import (
     LayerOpModel,
-    predict_all_reduce,
     predict_attention,
-    predict_cpu,
     with_terms,
     yaml_value,
 )
-from batchsim.catalog.calibrated_range import CalibratedRange
+from batchsim.calibration.search import abs_err_pct, coordinate_search, layer_score, round_sig
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
 from batchsim.cost.comm import ring_all_reduce_link_bytes
 
 __all__ = [
     "ATTENTION_TERMS",
     "ELEMENTWISE_TERMS",
-    "FOLD_SEED",
     "GEMM_TERMS",
-    "GROUPS",
-    "CalibrationResult",
     "FitData",
-    "GroupError",
     "all_reduce_fit",
-    "assign_folds",
-    "calibrate_ops",
-    "coordinate_search",
     "fit_terms",
-    "layer_score",
-    "measured_range",
 ]
 
-FOLD_SEED = 0
-"""Seed of the generator that deals units to folds (the split is part of the method)."""
-KNEE = (64, 512)
-DECODE = (1, 32)
 ELEMENTWISE_TERMS = ("elementwise", "elementwise_kernel_time_us")
 GEMM_TERMS = ("compute", "memory", "min_kernel_time_us", "transition_exponent")
 ATTENTION_TERMS = (
@@ -83,106 +66,8 @@ ATTENTION_TERMS = (
 )
 ALL_REDUCE_TERMS = ("interconnect", "interconnect_latency_us")
 CPU_TERMS = ("cpu_overhead.base_ms", "cpu_overhead.per_seq_ms")
-GROUPS = (
-    "qkv_proj",
-    "o_proj",
-    "mlp",
-    "elementwise",
-    "attention_decode",
-    "attention_prefill",
-    "cpu_overhead",
-    "all_reduce",
-)
-"""Operator groups of the error table."""
 MIN_POINTS = {"elementwise": 4, "gemm": 8, "attention": 14}
 """Fewer points than this leave a family's terms at the base profile's values."""
-COARSE = (0.8, 0.9, 0.95, 1.05, 1.1, 1.25)
-FINE = (0.98, 0.99, 1.01, 1.02)
-_FROM_ZERO = (0.5, 1.0, 2.0)  # a fixed time at 0 cannot move by multiples: tried values
-_CAPS = {"transition_exponent": 8.0, "attention_masked_fraction": 4.0}
-
-
-def abs_err_pct(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
-    """|pred / meas - 1| in percent."""
-    return np.abs(np.asarray(pred, float) / np.asarray(meas, float) - 1.0) * 100.0
-
-
-def stats(err: np.ndarray) -> tuple[float, float]:
-    """(median, p90) of absolute % errors; NaN when there are none."""
-    if not len(err):
-        return (math.nan, math.nan)
-    return float(np.median(err)), float(np.percentile(err, 90))
-
-
-def layer_score(err: np.ndarray, tokens: np.ndarray) -> float:
-    """Fit score, 1 at the issue's targets: mean of median/5 % and p90/15 % over all points,
-    the same over the knee (64-512 tokens) and median/5 % over small decode batches (1-32
-    tokens), the last two when there are such points — so that neither the many large-token
-    points nor the knee can hide a bad decode regime."""
-    parts = [np.median(err) / 5, np.percentile(err, 90) / 15]
-    knee = (tokens >= KNEE[0]) & (tokens <= KNEE[1])
-    if knee.any():
-        parts += [np.median(err[knee]) / 5, np.percentile(err[knee], 90) / 15]
-    small = (tokens >= DECODE[0]) & (tokens <= DECODE[1])
-    if small.any():
-        parts.append(np.median(err[small]) / 5)
-    return float(np.mean(parts))
-
-
-def round_sig(value: float, digits: int = 4) -> float:
-    """``value`` rounded to ``digits`` significant digits (the written profile's precision)."""
-    return float(f"{value:.{digits}g}")
-
-
-def search_bounds(key: str) -> tuple[float, float]:
-    """The range a term is searched in (YAML unit): fractions in [0.02, 1], others within
-    their :class:`~batchsim.catalog.hardware.EfficiencyKey` bounds (some capped lower)."""
-    spec = EFFICIENCY_KEYS[key]
-    if spec.fraction:
-        return 0.02, 1.0
-    return spec.minimum, min(spec.upper, _CAPS.get(key, spec.upper))
-
-
-def coordinate_search(
-    score: Callable[[dict[str, float]], float],
-    start: Mapping[str, float],
-    keys: Sequence[str],
-    passes: int = 6,
-    bounds: Mapping[str, tuple[float, float]] | None = None,
-) -> tuple[dict[str, float], float]:
-    """Minimize ``score`` over ``keys`` from ``start``: each pass tries every key at the
-    :data:`COARSE` multiples of its value (0.5/1/2 when it is 0), in order, keeping a trial
-    when it scores strictly lower; passes repeat until one changes nothing (at most
-    ``passes``), then the same with the :data:`FINE` multiples. Values stay within ``bounds``
-    (default :func:`search_bounds`) and are rounded to 4 significant digits. Deterministic.
-
-    Returns:
-        The values and their score.
-    """
-    values = {k: round_sig(v) for k, v in start.items()}
-    best = score(values)
-    for factors in (COARSE, FINE):
-        for _ in range(passes):
-            improved = False
-            for key in keys:
-                lo, hi = bounds[key] if bounds is not None else search_bounds(key)
-                for factor in factors:
-                    now = values[key]
-                    tries = [now * factor] if now > 0 else list(_FROM_ZERO)
-                    for raw in tries:
-                        trial_value = round_sig(min(max(raw, lo), hi))
-                        if trial_value == now:
-                            continue
-                        trial = dict(values, **{key: trial_value})
-                        s = score(trial)
-                        if s < best:
-                            best, values, improved = s, trial, True
-            if not improved:
-                break
-    return values, best
-
-
-# ------------------------------------------------------------------------------ the data
 
 
 def _layer_measured(table: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -240,10 +125,6 @@ class Fit:
     families: dict[str, int] = field(default_factory=dict)
     """Fitted family -> points it was fitted on."""
     notes: list[str] = field(default_factory=list)
-
-
-def _layer_values(hw: HardwareProfile) -> dict[str, float]:
-    return {k: yaml_value(hw, k) for k in (*GEMM_TERMS, *ELEMENTWISE_TERMS)}
 
 
 def _fit_elementwise(data: FitData, values: dict[str, float], rows: np.ndarray, fit: Fit) -> None:
@@ -451,209 +332,3 @@ def fit_terms(
     }
     fit.values = {k: values[k] for fam in fit.families for k in fitted[fam]}
     return fit
-
-
-# ------------------------------------------------------------------------------ errors
-
-
-def predict_groups(
-    data: FitData, hw: HardwareProfile, rows: Mapping[str, np.ndarray] | None = None
-) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(Measured, predicted, index of the point in its table) per operator group, for the
-    points of ``rows`` (by table; default all) that measure the group."""
-    rows = dict(rows or {})
-    meas = data.meas
-    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-
-    def pick(name: str) -> np.ndarray:
-        return rows.get(name, np.ones(len(getattr(meas, name)), dtype=bool))
-
-    if data.layer is not None:
-        times = data.layer.group_times(_layer_values(hw))
-        sel = pick("layer_ops")
-        for group in LAYER_GROUPS:
-            m = data.layer_measured[group]
-            use = sel & ~np.isnan(m)
-            if use.any():
-                out[group] = (m[use], times[group][use], np.flatnonzero(use))
-    if len(meas.attention):
-        sel = pick("attention")
-        idx = np.flatnonzero(sel)
-        pred = predict_attention(meas.attention.iloc[idx], meas.models, hw, data.dtype)
-        kind = meas.attention["kind"].to_numpy()[idx]
-        measured = meas.attention["measured_s"].to_numpy()[idx]
-        for k in ("decode", "prefill"):
-            m = kind == k
-            if m.any():
-                out[f"attention_{k}"] = (measured[m], pred[m], idx[m])
-    if len(meas.cpu):
-        use = pick("cpu") & data.cpu_rows
-        if use.any():
-            cpu = meas.cpu[use]
-            out["cpu_overhead"] = (
-                cpu["measured_s"].to_numpy(),
-                predict_cpu(cpu, hw),
-                np.flatnonzero(use),
-            )
-    if len(meas.all_reduce):
-        use = pick("all_reduce")
-        if use.any():
-            ar = meas.all_reduce[use]
-            out["all_reduce"] = (
-                ar["measured_s"].to_numpy(),
-                predict_all_reduce(ar, hw),
-                np.flatnonzero(use),
-            )
-    return out
-
-
-def assign_folds(units: Sequence[tuple], k: int, seed: int = FOLD_SEED) -> np.ndarray:
-    """Fold (0..k-1) of each point: the distinct units, sorted, are permuted by a generator
-    seeded with ``seed`` and dealt to the folds in turn; every point of a unit shares its
-    fold. The same units give the same folds."""
-    unique = sorted(set(units))
-    order = np.random.default_rng(seed).permutation(len(unique))
-    fold_of = {unique[j]: i % k for i, j in enumerate(order.tolist())}
-    return np.asarray([fold_of[u] for u in units], dtype=np.int64)
-
-
-def _units(
-    table: pd.DataFrame, config: Sequence[str], point: Sequence[str], k: int
-) -> tuple[list[tuple], str]:
-    """The fold unit of each point and what a unit is: its whole configuration (``config``
-    columns) when there are at least ``k`` configurations, else the point itself."""
-    if not len(table):
-        return [], "point"
-    by_config = config != point and table[list(config)].drop_duplicates().shape[0] >= k
-    cols = list(config) if by_config else list(point)
-    units = [tuple(row) for row in table[cols].itertuples(index=False, name=None)]
-    return units, "configuration" if by_config else "point"
-
-
-@dataclass(frozen=True)
-class GroupError:
-    """Absolute % errors of one operator group: (median, p90) with the base profile, with the
-    fitted one on all points, and held out (each point predicted by the fit without its fold)."""
-
-    group: str
-    points: int
-    base: tuple[float, float]
-    fitted: tuple[float, float]
-    held_out: tuple[float, float]
-
-
-@dataclass
-class CalibrationResult:
-    """What :func:`calibrate_ops` found.
-
-    Attributes:
-        values: Fitted terms (YAML units).
-        families: Fitted family -> points.
-        notes: Things the user should know about the fit.
-        errors: Per operator group.
-        folds: Folds of the held-out error (0: none).
-        fold_unit: What a fold holds out per table (``configuration`` or ``point``).
-        calibrated_range: The measured shapes.
-    """
-
-    values: dict[str, float]
-    families: dict[str, int]
-    notes: list[str]
-    errors: list[GroupError]
-    folds: int
-    fold_unit: dict[str, str]
-    calibrated_range: CalibratedRange
-
-
-def measured_range(meas: Measurements) -> CalibratedRange:
-    """The shapes the layer-op, attention and CPU points cover."""
-
-    def span(values: Iterable[int]) -> tuple[int, int] | None:
-        vals = [int(v) for v in values]
-        return (min(vals), max(vals)) if vals else None
-
-    layer, att, cpu = meas.layer_ops, meas.attention, meas.cpu
-    decode = att[att["kind"] == "decode"] if len(att) else att
-    prefill = att[att["kind"] == "prefill"] if len(att) else att
-    tokens = layer["num_tokens"].tolist() if len(layer) else prefill["chunk"].tolist()
-    if len(decode) and not len(layer):
-        tokens += decode["batch_size"].tolist()
-    models = sorted({*layer["model"].tolist(), *att["model"].tolist()})
-    tps = sorted({int(t) for t in (*layer["tp"].tolist(), *att["tp"].tolist())})
-    return CalibratedRange(
-        models=tuple(models),
-        hidden_size=span(meas.models[m].hidden_size for m in models),
-        tensor_parallel_size=tuple(tps) if tps else None,
-        tokens=span(tokens),
-        batch_size=span([*decode["batch_size"].tolist(), *cpu["batch_size"].tolist()]),
-        context_tokens=span(att["kv_cache_size"].tolist()),
-    )
-
-
-def calibrate_ops(
-    meas: Measurements, base: HardwareProfile, folds: int = 5, dtype: str = "bf16"
-) -> CalibrationResult:
-    """Fit ``base``'s terms to ``meas`` and measure the fit's error per operator group.
-
-    The fit on all points gives the values; then each of ``folds`` folds is held out in turn,
-    the terms fitted again on the rest (from ``base``, as the full fit), and its points
-    predicted: the held-out error. A fold holds out whole (model, TP) configurations of the
-    layer-op and attention tables when there are at least ``folds`` of them, else single
-    points (CPU and all-reduce points: always single).
-    """
-    data = FitData.build(meas, base, dtype)
-    full = fit_terms(data, base)
-    fitted_hw = with_terms(base, full.values)
-    base_pred = predict_groups(data, base)
-    fit_pred = predict_groups(data, fitted_hw)
-    keys = {
-        "layer_ops": (("model", "tp"), ("model", "tp", "num_tokens")),
-        "attention": (
-            ("model", "tp"),
-            ("model", "tp", "kind", "batch_size", "chunk", "kv_cache_size"),
-        ),
-        "cpu": (("model", "tp", "batch_size"),) * 2,  # always single points
-        "all_reduce": (("num_workers", "bytes"),) * 2,
-    }
-    fold_of: dict[str, np.ndarray] = {}
-    unit_kind: dict[str, str] = {}
-    for name, (config, point) in keys.items():
-        units, unit_kind[name] = _units(getattr(meas, name), config, point, folds)
-        fold_of[name] = assign_folds(units, folds) if units else np.zeros(0, np.int64)
-    held: dict[str, np.ndarray] = {g: np.full(len(v[0]), np.nan) for g, v in fit_pred.items()}
-    position = {g: {int(i): j for j, i in enumerate(v[2].tolist())} for g, v in fit_pred.items()}
-    if folds >= 2:
-        for f in range(folds):
-            train = {name: fold_of[name] != f for name in keys}
-            test = {name: fold_of[name] == f for name in keys}
-            if not any(t.any() for t in test.values()):
-                continue
-            sub = fit_terms(data, base, train)
-            preds = predict_groups(data, with_terms(base, sub.values), test)
-            for group, (_, pred, idx) in preds.items():
-                for value, i in zip(pred.tolist(), idx.tolist(), strict=True):
-                    held[group][position[group][i]] = value
-    errors = []
-    for group in GROUPS:
-        if group not in fit_pred:
-            continue
-        measured, pred, _ = fit_pred[group]
-        h = held[group]
-        errors.append(
-            GroupError(
-                group,
-                len(measured),
-                stats(abs_err_pct(base_pred[group][1], measured)),
-                stats(abs_err_pct(pred, measured)),
-                stats(abs_err_pct(h[~np.isnan(h)], measured[~np.isnan(h)])),
-            )
-        )
-    return CalibrationResult(
-        full.values,
-        full.families,
-        full.notes,
-        errors,
-        folds if folds >= 2 else 0,
-        unit_kind,
-        measured_range(meas),
-    )

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchsim.calibration.fit import round_sig
 from batchsim.calibration.predict import yaml_value
+from batchsim.calibration.search import round_sig
 from batchsim.catalog import resolve
 from batchsim.catalog.calibrated_range import CalibratedRange
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile

@@ -20,7 +20,7 @@ from batchsim.errors import ConfigError
 
 if TYPE_CHECKING:
     from batchsim.calibration.e2e import E2EFit
-    from batchsim.calibration.fit import CalibrationResult
+    from batchsim.calibration.held_out import CalibrationResult
 
 _KIND = {
     "layer_ops": "layer ops",
@@ -204,7 +204,7 @@ def print_e2e(fit: E2EFit, out: Any = None) -> None:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``batchsim calibrate``."""
     from batchsim.calibration.e2e import e2e_range, fit_e2e, read_points
-    from batchsim.calibration.fit import calibrate_ops
+    from batchsim.calibration.held_out import calibrate_ops
     from batchsim.calibration.measured import read_measurements
     from batchsim.calibration.predict import with_terms, yaml_value
     from batchsim.calibration.profile import (

@@ -53,7 +53,7 @@ import numpy as np
 from batchsim.cluster.dispatch import Dispatcher, ReplicaLink, ReplicaView, Route
 from batchsim.cost.comm import kv_transfer_link_time, layerwise_exposed_time
 from batchsim.engine.request import HANDED_OFF, Request, RequestStatus
-from batchsim.metrics.logs import RequestLog
+from batchsim.metrics.requests import RequestLog
 from batchsim.workload import RequestTable
 
 

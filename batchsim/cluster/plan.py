@@ -22,14 +22,14 @@ import numpy as np
 
 from batchsim.engine.kv_cache import UsageRamp
 from batchsim.engine.stretch import run_until
-from batchsim.metrics.logs import IterationLog
+from batchsim.metrics.iterations import IterationLog
 
 
 class StretchPlan:
     """The iterations of a replica's stretch, priced at its start and logged at its end.
 
     :class:`~batchsim.engine.stretch.StretchRunner` writes a stretch's runs here instead of
-    into the replica's :class:`~batchsim.metrics.logs.IterationLog` (the same two calls). A
+    into the replica's :class:`~batchsim.metrics.iterations.IterationLog` (the same two calls). A
     request routed to the replica during the stretch cuts it (:meth:`cut`); :meth:`commit`
     then logs the iterations up to the cut, exactly as a stretch priced with that cut would
     have (its runs start and end at the same expressions).

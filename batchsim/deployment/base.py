@@ -22,7 +22,9 @@ import numpy as np
 from batchsim.catalog.model import ModelSpec
 from batchsim.config import ExperimentConfig
 from batchsim.deployment.setup import Setup
-from batchsim.metrics.logs import Columns, IterationLog, RequestLog
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import IterationLog
+from batchsim.metrics.requests import RequestLog
 from batchsim.workload.generation import RequestTable
 
 OnStep = Callable[[Any], None]

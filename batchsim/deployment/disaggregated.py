@@ -54,7 +54,8 @@ from batchsim.deployment.replicas import (
 )
 from batchsim.deployment.setup import Setup
 from batchsim.errors import ConfigError
-from batchsim.metrics.logs import IterationLog, RequestLog
+from batchsim.metrics.iterations import IterationLog
+from batchsim.metrics.requests import RequestLog
 from batchsim.scheduler.registry import load_policy
 from batchsim.workload.generation import RequestTable
 

@@ -28,13 +28,15 @@ from batchsim.deployment.base import (
 )
 from batchsim.deployment.engines import make_engine, unused_key_notes
 from batchsim.engine.engine import Engine
-from batchsim.metrics.logs import Columns, IterationLog, RequestLog
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import IterationLog
 from batchsim.metrics.replicas import (
     ReplicaRecord,
     pool_busy_fractions,
     replica_table,
     transfer_summary,
 )
+from batchsim.metrics.requests import RequestLog
 from batchsim.scheduler.registry import load_policy
 from batchsim.scheduler.speculative import SpeculativeScheduler, summary_of
 from batchsim.workload.generation import RequestTable

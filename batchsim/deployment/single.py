@@ -26,7 +26,8 @@ from batchsim.deployment.base import (
 from batchsim.deployment.engines import make_engine, unused_key_notes
 from batchsim.deployment.setup import Setup
 from batchsim.engine.pipeline import PipelineEngine
-from batchsim.metrics.logs import Columns, IterationLog
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import IterationLog
 from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.registry import load_policy
 from batchsim.scheduler.speculative import SpeculativeScheduler

@@ -79,7 +79,8 @@ from batchsim.engine.repeat import repeat_limit, stretches_allowed
 from batchsim.engine.request import Request
 from batchsim.engine.stretch import StretchRunner, run_row
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
-from batchsim.metrics.logs import TIME_EPS, IterationLog, RequestLog
+from batchsim.metrics.iterations import TIME_EPS, IterationLog
+from batchsim.metrics.requests import RequestLog
 from batchsim.metrics.slots import SlotLog
 from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.interface import Scheduler
@@ -244,7 +245,7 @@ class Engine:
 
     def back_to_back(self, start: float) -> bool:
         """An iteration starting at ``start`` follows the previous one without a gap (within
-        :data:`~batchsim.metrics.logs.TIME_EPS`: two paths to one instant, such as another
+        :data:`~batchsim.metrics.iterations.TIME_EPS`: two paths to one instant, such as another
         replica's iteration end that brings a request, may round an ulp apart)."""
         return start - self.last_end <= TIME_EPS
 
@@ -257,7 +258,7 @@ class Engine:
         return cpu + gpu
 
     def batch_row(self, output: SchedulerOutput, cpu: float) -> tuple:
-        """The :data:`~batchsim.metrics.logs.BATCH_COLUMNS` of an iteration. With prefix
+        """The :data:`~batchsim.metrics.iterations.BATCH_COLUMNS` of an iteration. With prefix
         caching: the blocks cached now and those evicted since the previous row (by the
         ``schedule()`` of this iteration); 0 and 0 without."""
         shape = output.shape

@@ -136,7 +136,7 @@ class Request:
         token_segments: When the tokens came: runs of consecutive iterations that each sampled
             one token of the request, as ``[first0, last0, first1, last1, ...]`` iteration
             indices; the open last run ends at :attr:`last_token_iteration`. Inter-token gaps
-            are differences of those iterations' end times (see :mod:`batchsim.metrics.logs`).
+            are differences of those iterations' end times (see :mod:`batchsim.metrics.timing`).
     """
 
     __slots__ = (

@@ -494,7 +494,7 @@ def run_row(
     batch: tuple,
     deltas: tuple[float, float, float, float] = _NO_DELTAS,
 ) -> tuple:
-    """A row of :data:`~batchsim.metrics.logs.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
+    """A row of :data:`~batchsim.metrics.iterations.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
     iterations of ``duration`` from ``start``, the first costing ``cost``, each next one
     adding ``deltas`` (FLOPs, bytes, KV bytes, bound margin)."""
     time, flops, nbytes, weight_bytes, kv_bytes, margin = cost

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchsim.metrics.logs import Columns, IterationLog
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import IterationLog
 from batchsim.metrics.summary import percentile, summary_window
 
 REPLICA_COLUMNS = [

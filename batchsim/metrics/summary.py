@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from batchsim.metrics.logs import Columns, IterationLog, RequestLog, RunTable, TokenRuns
+from batchsim.metrics.columns import Columns
+from batchsim.metrics.iterations import IterationLog
+from batchsim.metrics.requests import RequestLog
+from batchsim.metrics.timing import RunTable, TokenRuns
 
 
 def _rows(table: Columns, mask: np.ndarray, keys: Iterable[str]) -> Columns:

@@ -1,6 +1,6 @@
 """Writing tables and the summary to files: CSV and Parquet with pyarrow, JSON without NaN.
 
-This module imports nothing from batchsim but :mod:`batchsim.metrics.logs`.
+This module imports nothing from batchsim but :mod:`batchsim.metrics.columns`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from batchsim.metrics.logs import Columns, Labels
+from batchsim.metrics.columns import Columns, Labels
 
 _ARROW_TYPES = {"f8": "float64", "f4": "float32", "i8": "int64", "i4": "int32"}
 

@@ -15,6 +15,8 @@ Modules (every public name is re-exported here; import from ``batchsim.workload`
 - :mod:`~batchsim.workload.files`: data-file lookup and strict parsing with file:line errors.
 - :mod:`~batchsim.workload.traces`: ``trace:`` config and the trace readers.
 - :mod:`~batchsim.workload.columnar`: the fast, columnar (pyarrow) path of the trace readers.
+- :mod:`~batchsim.workload.columnar_checks`: what that path checks in the bytes and columns.
+- :mod:`~batchsim.workload.columnar_times`: Azure timestamps parsed in bulk for that path.
 - :mod:`~batchsim.workload.prefix`: :class:`PrefixTable`, the shared segments of requests.
 - :mod:`~batchsim.workload.structure`: shared prefixes and multi-turn conversations.
 - :mod:`~batchsim.workload.config`: :class:`WorkloadConfig`, workload files.

@@ -16,6 +16,9 @@ as the row-by-row reader does.
 
 Nothing here builds Python objects per row (but for timestamps written otherwise, handed to
 pandas). pyarrow is imported when a trace is first read; pandas only for those timestamps.
+
+The checks on bytes and columns are :mod:`~batchsim.workload.columnar_checks`, the parsing of
+Azure timestamps :mod:`~batchsim.workload.columnar_times`.
 """
 
 from __future__ import annotations
@@ -29,21 +32,26 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from batchsim.errors import ConfigError
-from batchsim.validation import MAX_SECONDS, MAX_TOKENS
 from batchsim.workload import files
+from batchsim.workload.columnar_checks import (
+    _counts,
+    _lines,
+    _lines_within_field_limit,
+    _lone_carriage_return,
+    _nonnegative_floats,
+    _numbers,
+    _positions,
+    _string_buffers,
+    _text_rules_hold,
+    _times_hold,
+    _token_counts,
+)
+from batchsim.workload.columnar_times import _azure_seconds
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 _UTF8_BOM = b"\xef\xbb\xbf"
-_SCAN = 1 << 22  # bytes compared at a time when looking for a byte (bounds the temporaries)
-_GATHER = 1 << 16  # timestamps copied at a time when their widths differ
-_BLOCK = 1 << 14  # timestamps parsed at a time (the temporaries stay in the cache)
-_SEPARATORS = {4: ord("-"), 7: ord("-"), 13: ord(":"), 16: ord(":"), 19: ord(".")}
-_FLOAT_CHARS = np.zeros(256, dtype=bool)
-_FLOAT_CHARS[list(b"0123456789.eE+-")] = True
-_MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
-_EXACT_NS = 2**53  # differences up to this many ns convert to float64 exactly
 
 
 class HashIds(Sequence[list[int]]):
@@ -86,53 +94,6 @@ class HashIds(Sequence[list[int]]):
         flat = self._values[first : int(self._offsets[-1])].tolist()
         ends = (self._offsets - first).tolist()
         return (flat[a:b] for a, b in itertools.pairwise(ends))
-
-
-# ------------------------------------------------------------------------------------ bytes
-
-
-def _text_rules_hold(data: bytes) -> bool:
-    """No NUL byte and valid UTF-8 (which also rules out UTF-16/UTF-32 byte-order marks)."""
-    if b"\x00" in data:
-        return False
-    if data.isascii():
-        return True
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _lone_carriage_return(data: bytes) -> bool:
-    """A ``\\r`` not followed by ``\\n`` (csv and pyarrow end a line there, Python's json
-    does not)."""
-    returns = _positions(data, 0, 13)
-    if not len(returns):
-        return False
-    if int(returns[-1]) == len(data) - 1:
-        return True
-    return not bool(np.all(np.frombuffer(data, dtype=np.uint8)[returns + 1] == 10))
-
-
-def _positions(data: bytes, start: int, byte: int) -> np.ndarray:
-    """Offsets of ``byte`` in ``data[start:]`` (int64, ascending)."""
-    codes = np.frombuffer(data, dtype=np.uint8)
-    found = [
-        np.flatnonzero(codes[lo : lo + _SCAN] == byte) + lo for lo in range(start, len(data), _SCAN)
-    ]
-    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-
-
-def _lines(data: bytes, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Newline offsets in ``data[start:]``, and the start and end offsets of its lines (the last
-    one included when it has no newline)."""
-    newlines = _positions(data, start, 10)
-    ends = newlines
-    if not data.endswith(b"\n") and len(data) > start:
-        ends = np.concatenate((newlines, [len(data)]))
-    starts = np.concatenate(([start], ends[:-1] + 1)) if len(ends) else ends
-    return newlines, starts, ends
 
 
 # ------------------------------------------------------------------------------------ CSV
@@ -382,20 +343,6 @@ def _read_body(
     return table
 
 
-def _lines_within_field_limit(data: bytes, start: int) -> bool:
-    """Every line of ``data[start:]`` is at most ``csv.field_size_limit()`` bytes long, so no
-    field is longer than the csv module allows."""
-    limit = csv.field_size_limit()
-    # A line longer than the limit holds a whole aligned block of half its size: when each
-    # block has a newline, no line is too long (a few hundred finds for 100 MB).
-    block = max(limit // 2, 1)
-    blocks = range(start, len(data) - block + 1, block)
-    if all(data.find(b"\n", lo, lo + block) >= 0 for lo in blocks):
-        return True
-    _, starts, ends = _lines(data, start)
-    return not len(ends) or int((ends - starts).max()) <= limit
-
-
 def _line_of_data_row(data: bytes, header: CsvHeader, row: int) -> int | None:
     """1-based line of data row ``row`` (0-based; pyarrow skips empty lines), or None when
     lines of white space or a lone ``\\r`` (a line break to csv) make the count uncertain."""
@@ -412,177 +359,6 @@ def _line_of_data_row(data: bytes, header: CsvHeader, row: int) -> int | None:
     if row >= len(filled):
         return None
     return data.count(b"\n", 0, header.start) + 2 + int(filled[row])
-
-
-def _numbers(column: pa.ChunkedArray | pa.Array, dtype: type[np.generic]) -> np.ndarray:
-    """The values of a null-free int64 or float64 column, read from its buffers (pyarrow's
-    ``to_numpy`` would import pandas)."""
-    chunks = column.chunks if hasattr(column, "chunks") else [column]
-    size = np.dtype(dtype).itemsize
-    parts = [
-        np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * size)
-        for c in chunks
-        if len(c)
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
-def _string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(Offsets, bytes) of a pyarrow string array: value ``i`` is
-    ``bytes[offsets[i]:offsets[i + 1]]``."""
-    buffers = array.buffers()
-    offsets = np.frombuffer(
-        buffers[1], dtype=np.int32, count=len(array) + 1, offset=array.offset * 4
-    )
-    values = buffers[2]
-    codes = np.frombuffer(values, dtype=np.uint8) if values is not None else np.zeros(0, np.uint8)
-    return offsets, codes
-
-
-def _token_counts(column: pa.ChunkedArray, minimum: int = 1) -> np.ndarray | None:
-    """Integers in [minimum, MAX_TOKENS], or None. An int64 column was parsed by pyarrow (see
-    :func:`_read_body` for what it accepts); a string column must hold plain digits."""
-    import pyarrow as pa
-
-    if column.type == pa.string():
-        for chunk in column.chunks:
-            offsets, codes = _string_buffers(chunk)
-            if not len(chunk):
-                continue
-            if int(np.diff(offsets).min()) < 1:
-                return None
-            text = codes[offsets[0] : offsets[-1]]
-            if int(text.min()) < ord("0") or int(text.max()) > ord("9"):
-                return None
-        import pyarrow.compute as pc
-
-        try:
-            column = pc.cast(column, pa.int64())
-        except pa.ArrowException:
-            return None
-    counts = _numbers(column, np.int64)
-    if not counts.size or counts.min() < minimum or counts.max() > MAX_TOKENS:
-        return None
-    return counts
-
-
-def _nonnegative_floats(column: pa.ChunkedArray) -> np.ndarray | None:
-    """Finite numbers >= 0 (parsed by pyarrow as float64), or None."""
-    values = _numbers(column, np.float64)
-    if not (values.size and np.isfinite(values).all() and values.min() >= 0):
-        return None
-    return values
-
-
-def _times_hold(seconds: np.ndarray) -> bool:
-    """Non-decreasing and within MAX_SECONDS (NaN fails both)."""
-    return bool(np.all(np.diff(seconds) >= 0)) and bool(np.all(seconds <= MAX_SECONDS))
-
-
-# ------------------------------------------------------------------------------------ times
-
-
-def _azure_seconds(column: pa.ChunkedArray) -> np.ndarray | None:
-    """Seconds since the first timestamp, equal to what pandas' ISO 8601 parsing gives; None
-    when pandas finds a timestamp it cannot read."""
-    pieces = [_iso_ns(chunk) for chunk in column.chunks]
-    if pieces and all(p is not None for p in pieces):
-        ns = np.concatenate([p for p in pieces if p is not None])
-        if int(ns.max()) - int(ns.min()) < _EXACT_NS:  # Python ints: no overflow
-            return (ns - ns[0]).astype(np.float64) / 1e9
-    return _pandas_seconds(column)
-
-
-def _pandas_seconds(column: pa.ChunkedArray) -> np.ndarray | None:
-    """The row-by-row reader's conversion (for timestamps written another way)."""
-    return files.seconds_since_first(column.to_pylist())
-
-
-def _iso_ns(array: pa.Array) -> np.ndarray | None:
-    """Nanoseconds since 1970 of ``YYYY-MM-DD HH:MM:SS[.f]`` timestamps (1 to 9 fraction
-    digits, ``T`` or a space in the middle, years 1900-2199), or None if any is written
-    otherwise or is no date."""
-    offsets, codes = _string_buffers(array)
-    lengths = np.diff(offsets)
-    if not len(lengths):
-        return np.zeros(0, dtype=np.int64)
-    if lengths.min() == lengths.max():
-        width = int(lengths[0])
-        return _iso_ns_fixed(codes[offsets[0] : offsets[-1]].reshape(len(lengths), width))
-    out = np.empty(len(lengths), dtype=np.int64)
-    for width in np.unique(lengths).tolist():
-        rows = np.flatnonzero(lengths == width)
-        text = np.empty((len(rows), width), dtype=np.uint8)
-        for lo in range(0, len(rows), _GATHER):  # gathered in blocks: the index is 8 B a byte
-            starts = offsets[rows[lo : lo + _GATHER]].astype(np.int64)
-            text[lo : lo + _GATHER] = codes[starts[:, None] + np.arange(width)]
-        part = _iso_ns_fixed(text)
-        if part is None:
-            return None
-        out[rows] = part
-    return out
-
-
-def _iso_ns_fixed(text: np.ndarray) -> np.ndarray | None:
-    """:func:`_iso_ns` of timestamps of one width, given as a (rows, width) array of bytes
-    (worked through in blocks of rows, transposed so that each character is a row)."""
-    rows, width = text.shape
-    if width != 19 and not 21 <= width <= 29:
-        return None
-    out = np.empty(rows, dtype=np.int64)
-    for lo in range(0, rows, _BLOCK):
-        part = _iso_ns_block(np.ascontiguousarray(text[lo : lo + _BLOCK].T))
-        if part is None:
-            return None
-        out[lo : lo + _BLOCK] = part
-    return out
-
-
-def _iso_ns_block(chars: np.ndarray) -> np.ndarray | None:
-    """:func:`_iso_ns_fixed` of a (width, rows) array: ``chars[i]`` is character ``i`` of
-    every timestamp."""
-    width = chars.shape[0]
-    for col, char in _SEPARATORS.items():
-        if col < width and not np.all(chars[col] == char):
-            return None
-    if not np.all((chars[10] == ord(" ")) | (chars[10] == ord("T"))):
-        return None
-    digits = chars[[c for c in range(width) if c not in _SEPARATORS and c != 10]]
-    if int(digits.min()) < ord("0") or int(digits.max()) > ord("9"):
-        return None
-    d = chars.astype(np.int64)
-    d -= ord("0")
-    year = d[0] * 1000 + d[1] * 100 + d[2] * 10 + d[3]
-    month = d[5] * 10 + d[6]
-    day = d[8] * 10 + d[9]
-    hour = d[11] * 10 + d[12]
-    minute = d[14] * 10 + d[15]
-    second = d[17] * 10 + d[18]
-    if not (
-        np.all((year >= 1900) & (year <= 2199))
-        and np.all((month >= 1) & (month <= 12))
-        and np.all(hour <= 23)
-        and np.all(minute <= 59)
-        and np.all(second <= 59)
-    ):
-        return None
-    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
-    if not np.all((day >= 1) & (day <= _MONTH_DAYS[month] + ((month == 2) & leap))):
-        return None
-    # Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
-    y = year - (month <= 2)
-    era = y // 400
-    year_of_era = y - era * 400
-    day_of_year = (153 * ((month + 9) % 12) + 2) // 5 + day - 1
-    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
-    days = era * 146097 + day_of_era - 719468
-    ns = (days * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000
-    if width > 20:
-        fraction = d[20]
-        for col in range(21, width):
-            fraction = fraction * 10 + d[col]
-        ns += fraction * 10 ** (29 - width)
-    return ns
 
 
 # ------------------------------------------------------------------------------------ JSONL
@@ -656,14 +432,6 @@ def _one_brace_per_row(data: bytes, start: int, newlines: np.ndarray, rows: int)
     if len(braces) != rows or data.count(b"}", start) != rows:
         return False
     return bool(np.all(np.diff(np.searchsorted(newlines, braces)) > 0))
-
-
-def _counts(column: pa.ChunkedArray, keep: int) -> np.ndarray | None:
-    """The first ``keep`` values if all are token counts, else None."""
-    counts = _numbers(column, np.int64)[:keep]
-    if counts.min() < 1 or counts.max() > MAX_TOKENS:
-        return None
-    return counts
 
 
 def _hash_ids(column: pa.ChunkedArray, data: bytes, start: int, rows: int) -> HashIds | None:

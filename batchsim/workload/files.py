@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from batchsim import yamlio
 from batchsim.catalog import catalog_dir
 from batchsim.errors import ConfigError
 from batchsim.validation import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, format_value
-from batchsim.yamlio import read_text
+from batchsim.yamlio import read_text, reading
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".txt")
 
@@ -76,7 +75,7 @@ def read_data_text(path: str, shown: str) -> str:
 def decode_data(data: bytes, shown: str) -> str:
     """The text of ``data``, the bytes of a trace file or of its start, under the rules of
     :func:`batchsim.yamlio.read_text` (UTF-8, no NUL byte, not empty)."""
-    text = yamlio._decode(data, shown)
+    text = reading._decode(data, shown)
     if not text.strip():
         raise ConfigError("empty file", shown)
     return text
@@ -117,9 +116,9 @@ def read_data_bytes(path: str, shown: str, lines: int | None = None) -> tuple[by
         ConfigError: Unreadable, or larger than :data:`batchsim.yamlio.MAX_DATA_BYTES` (a part
             is read only from a file within the limit).
     """
-    limit = yamlio.MAX_DATA_BYTES
+    limit = reading.MAX_DATA_BYTES
     if lines is None:
-        return yamlio._read_bytes(Path(path), limit, shown), True
+        return reading._read_bytes(Path(path), limit, shown), True
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size > limit:

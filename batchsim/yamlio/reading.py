@@ -1,30 +1,8 @@
-"""Reading YAML/JSON files and data files: the one reader every input file goes through.
-
-Experiment, workload, hardware-profile and model files (YAML, or a Hugging Face
-``config.json``) are read by :func:`read_mapping`; trace and data files by :func:`read_text`.
-Both apply the same rules, and break them with a one-line :class:`~batchsim.errors.ConfigError`
-naming the file (and the line, where there is one):
-
-- **Size**: at most :data:`MAX_CONFIG_BYTES` (64 MiB) for YAML/JSON files, at most
-  :data:`MAX_DATA_BYTES` (512 MiB) for trace and data files. An empty file is an error.
-- **Encoding**: UTF-8 (a UTF-8 byte-order mark is skipped). UTF-16/UTF-32 text, NUL bytes
-  (binary files) and invalid UTF-8 are errors.
-- **Shape** (YAML/JSON): at most :data:`MAX_DEPTH` levels of nesting and :data:`MAX_NODES`
-  values, both counted after expanding YAML aliases (a "billion laughs" document is refused
-  before anything expands it); no alias inside its own anchor; mapping keys are strings and
-  appear once per mapping; only the standard tags (``!!str``, ``!!int``, ``!!float``,
-  ``!!bool``, ``!!null``, ``!!seq``, ``!!map``) and merge keys (``<<``).
-- **Scalars** follow the YAML 1.2 core schema: ``true``/``false`` are booleans (``yes``,
-  ``no``, ``on``, ``off`` are strings), ``8e1``, ``1e3`` and ``.5e-1`` are numbers (PyYAML's
-  YAML 1.1 rules read them as strings), ``012`` is twelve, ``0x1f`` and ``0o17`` are integers,
-  ``_`` may separate digits, there are no timestamps. Every number must be finite:
-  ``.nan``, ``.inf``, JSON ``NaN``/``Infinity`` and overflowing literals like ``1e400`` are
-  errors naming the key path.
-
-:func:`data_problem` applies the shape and number rules to values that did not come from a file
-(mappings given to the Python API, free-form ``scheduler.options``).
-
-This module imports nothing from batchsim but :mod:`batchsim.errors`.
+"""The one reader of input files: :func:`read_text` (the size and encoding rules of every file),
+:func:`loads` (a YAML or JSON document, with the shape, key, tag and number rules, each broken
+rule named with its line), :func:`read_mapping` (a file whose top level is a mapping) and
+:func:`line_of` (the line of a key, for errors found later). The rules are listed in
+:mod:`batchsim.yamlio`.
 """
 
 from __future__ import annotations
@@ -39,14 +17,27 @@ from typing import Any, cast
 import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.emitter import Emitter
 from yaml.events import AliasEvent, CollectionStartEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-from yaml.representer import SafeRepresenter
-from yaml.resolver import BaseResolver
-from yaml.serializer import Serializer
 
 from batchsim.errors import ConfigError
+from batchsim.yamlio.plain import MAX_DEPTH, MAX_NODES, _join, _sentence, _short, data_problem
+from batchsim.yamlio.schema import (
+    _BOOL,
+    _FLOAT,
+    _INT,
+    _MAP,
+    _MAX_INT_CHARS,
+    _MERGE,
+    _NULL,
+    _SCALAR_RULES,
+    _SCALAR_WORDS,
+    _SEQ,
+    _STR,
+    _Resolver,
+    _to_float,
+    _to_int,
+)
 
 try:  # libyaml's parser (events only; the composer below is Python): ~4x faster
     from yaml._yaml import CParser as _EventSource
@@ -62,48 +53,10 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
             _PyParser.__init__(self)
 
 
-__all__ = [
-    "MAX_CONFIG_BYTES",
-    "MAX_DATA_BYTES",
-    "MAX_DEPTH",
-    "MAX_NODES",
-    "data_problem",
-    "dump",
-    "line_of",
-    "loads",
-    "read_mapping",
-    "read_text",
-]
-
 MAX_CONFIG_BYTES = 64 * 2**20
 """Largest YAML/JSON file read (experiment, workload, hardware, model, config.json)."""
 MAX_DATA_BYTES = 512 * 2**20
 """Largest trace or data file read."""
-MAX_DEPTH = 100
-"""Deepest nesting of mappings and lists in a YAML/JSON document (after expanding aliases)."""
-MAX_NODES = 1_000_000
-"""Most values (scalars, lists and mappings) in a YAML/JSON document, after expanding aliases."""
-
-_STR = "tag:yaml.org,2002:str"
-_INT = "tag:yaml.org,2002:int"
-_FLOAT = "tag:yaml.org,2002:float"
-_BOOL = "tag:yaml.org,2002:bool"
-_NULL = "tag:yaml.org,2002:null"
-_SEQ = "tag:yaml.org,2002:seq"
-_MAP = "tag:yaml.org,2002:map"
-_MERGE = "tag:yaml.org,2002:merge"
-
-_DIGITS = r"[0-9](?:_?[0-9])*"
-_BOOL_RE = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
-_NULL_RE = re.compile(r"^(?:~|null|Null|NULL|)$")
-_INT_RE = re.compile(rf"^[-+]?(?:{_DIGITS}|0o[0-7](?:_?[0-7])*|0x[0-9a-fA-F](?:_?[0-9a-fA-F])*)$")
-_FLOAT_RE = re.compile(
-    rf"^(?:[-+]?(?:\.{_DIGITS}|{_DIGITS}(?:\.(?:{_DIGITS})?)?)(?:[eE][-+]?[0-9]+)?"
-    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-)
-_MAX_INT_CHARS = 1000  # longer integer literals are refused (Python parses at most 4300 digits)
-_SCALAR_RULES = {_BOOL: _BOOL_RE, _NULL: _NULL_RE, _INT: _INT_RE, _FLOAT: _FLOAT_RE}
-_SCALAR_WORDS = {_BOOL: "true or false", _NULL: "null", _INT: "an integer", _FLOAT: "a number"}
 
 
 class _Problem(Exception):
@@ -120,37 +73,7 @@ def _line(node_or_event: Any) -> int | None:
     return mark.line + 1 if mark is not None else None
 
 
-def _to_int(text: str) -> int:
-    if re.match(r"^[-+]?0[xo]", text):
-        return int(text, 0)
-    return int(text, 10)
-
-
-def _to_float(text: str) -> float:
-    lower = text.lower()
-    if lower.endswith(".inf"):
-        return -math.inf if lower.startswith("-") else math.inf
-    if lower == ".nan":
-        return math.nan
-    return float(text)
-
-
 # ------------------------------------------------------------------------------- YAML loader
-
-
-class _Resolver(BaseResolver):
-    """YAML 1.2 core schema scalars (plus ``_`` digit separators and ``<<`` merge keys)."""
-
-
-# Own tables, so PyYAML's YAML 1.1 resolvers (yes/no booleans, 1.1 floats, timestamps) are gone.
-_Resolver.yaml_implicit_resolvers = {}
-_Resolver.yaml_path_resolvers = {}
-
-_Resolver.add_implicit_resolver(_BOOL, _BOOL_RE, list("tTfF"))
-_Resolver.add_implicit_resolver(_NULL, _NULL_RE, ["~", "n", "N", ""])
-_Resolver.add_implicit_resolver(_INT, _INT_RE, list("-+0123456789"))
-_Resolver.add_implicit_resolver(_FLOAT, _FLOAT_RE, list("-+.0123456789"))
-_Resolver.add_implicit_resolver(_MERGE, re.compile(r"^(?:<<)$"), ["<"])
 
 
 class _Constructor(SafeConstructor):
@@ -321,18 +244,6 @@ def _tag(tag: str) -> str:
     return "!!" + tag[len("tag:yaml.org,2002:") :] if tag.startswith("tag:yaml.org,2002:") else tag
 
 
-def _join(path: str, key: str) -> str:
-    # a key with line breaks or other unprintable characters is shown escaped: an error
-    # message stays one line
-    shown = key if key.isprintable() else repr(key)
-    return f"{path}.{shown}" if path else shown
-
-
-def _short(text: Any, *, quote: bool = True) -> str:
-    shown = repr(text) if isinstance(text, str) and quote else str(text)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
-
-
 def _load_yaml(text: str) -> Any:
     loader = _Loader(text)
     try:
@@ -423,65 +334,6 @@ def _key_parts(path: str) -> list[str]:
     return [part.split("[", 1)[0] for part in path.split(".") if part]
 
 
-# ------------------------------------------------------------------------------- plain data
-
-
-def check_plain_data(value: Any) -> Any:
-    """``value`` if it keeps every rule of :func:`data_problem`; otherwise raise the
-    :class:`~batchsim.validation.FieldError` that names the first rule it breaks (a pydantic
-    validator of free-form settings: a policy's or a router's ``options``)."""
-    from batchsim.validation import FieldError
-
-    problem = data_problem(value)
-    if problem is not None:
-        raise FieldError(*problem)
-    return value
-
-
-def data_problem(value: Any) -> tuple[str, str] | None:
-    """The first shape or number rule (nesting, size, string keys, finite numbers, plain
-    types) that ``value`` breaks: ``(key path, rest of the sentence)``, or None.
-
-    For values that did not come from a file (mappings given to the Python API, free-form
-    ``scheduler.options``). The rest of the sentence reads after the key path:
-    ``must be a finite number, got nan`` or ``: nesting deeper than 100 levels``.
-    """
-    count = 0
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
-    while stack:
-        item, level, path = stack.pop()
-        if len(path) > 80:
-            path = path[:77] + "..."
-        count += 1
-        if count > MAX_NODES:
-            return path, f": more than {MAX_NODES:,} values"
-        if level > MAX_DEPTH:
-            return path, f": nesting deeper than {MAX_DEPTH} levels"
-        if isinstance(item, dict):
-            for key, child in reversed(list(item.items())):
-                if not isinstance(key, str):
-                    return path, f": mapping keys must be strings, got {_short(key)}"
-                stack.append((child, level + 1, _join(path, key)))
-        elif isinstance(item, (list, tuple)):
-            for i in reversed(range(len(item))):
-                stack.append((item[i], level + 1, f"{path}[{i}]"))
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return path, f"must be a finite number, got {item}"
-        elif not (item is None or isinstance(item, (str, int, bool))):
-            return path, (
-                ": must hold only strings, numbers, true/false, null, lists and mappings, "
-                f"got a value of type {type(item).__name__}"
-            )
-    return None
-
-
-def _sentence(path: str, tail: str) -> str:
-    if tail.startswith(":"):
-        return f"{path}{tail}" if path else tail[1:].lstrip()
-    return f"{path or 'value'} {tail}"
-
-
 # ------------------------------------------------------------------------------- files
 
 
@@ -533,7 +385,7 @@ def _decode(data: bytes, source: str) -> str:
 
 
 def read_text(path: Path, *, limit: int | None = None, source: str | None = None) -> str:
-    """The text of a file after the size and encoding rules (see the module docstring).
+    """The text of a file after the size and encoding rules (see :mod:`batchsim.yamlio`).
 
     Args:
         path: The file.
@@ -553,7 +405,7 @@ def read_text(path: Path, *, limit: int | None = None, source: str | None = None
 
 
 def loads(text: str, *, is_json: bool = False) -> Any:
-    """Parse a YAML (or JSON) document with the rules of the module docstring.
+    """Parse a YAML (or JSON) document with the rules of :mod:`batchsim.yamlio`.
 
     Raises:
         ConfigError: The rule broken (no source; the caller adds it with ``with_source``).
@@ -579,7 +431,7 @@ def read_mapping(path: Path) -> tuple[dict[str, Any], str]:
 
     Raises:
         ConfigError: Unreadable, too large, empty or non-UTF-8 file, malformed document (with
-            its line), a broken rule of the module docstring, or not a mapping.
+            its line), a broken rule of :mod:`batchsim.yamlio`, or not a mapping.
     """
     source = str(path)
     text = read_text(path, limit=MAX_CONFIG_BYTES, source=source)
@@ -595,22 +447,6 @@ def read_mapping(path: Path) -> tuple[dict[str, Any], str]:
             source,
         )
     return data, text
-
-
-class _Dumper(Emitter, Serializer, SafeRepresenter, _Resolver):
-    """PyYAML's safe dumper, quoting every string the reader would not read back as that
-    string (``'8e1'``, ``'0o17'``; PyYAML's YAML 1.1 rules leave them bare)."""
-
-    def __init__(self, stream: Any, **kwargs: Any):
-        Emitter.__init__(self, stream, width=kwargs.get("width"))
-        Serializer.__init__(self)
-        SafeRepresenter.__init__(self, sort_keys=False)
-        _Resolver.__init__(self)
-
-
-def dump(data: Any) -> str:
-    """YAML text of plain data that :func:`loads` reads back as the same data."""
-    return cast(str, yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
 
 
 def line_of(text: str, path: Sequence[str]) -> int | None:
