@@ -32,7 +32,7 @@ from batchsim import cli, yamlio
 from batchsim.catalog import catalog_dir
 from batchsim.config import validate_experiment
 from batchsim.errors import ConfigError
-from batchsim.scheduler.interface import SchedulerConfig
+from batchsim.scheduler.config import SchedulerConfig
 from batchsim.validation import format_value
 from batchsim.workload import generate
 from batchsim.workload.config import parse_workload
