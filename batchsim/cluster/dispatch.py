@@ -23,6 +23,17 @@ A rejection or cancellation in step 3 may make a closed-loop user send a request
 routed at once, seeing every replica as it was before its own step 3 at t, so the order of
 the replicas' passes never shows through the router.
 
+Running ahead. Replicas touch each other only through the router, and in an open loop
+(without conversations) the router acts only at arrival times, all known in advance, while
+a request leaving a replica brings no arrival. There a replica whose next pass comes before
+the cluster's next routing instant, its next delivery and its next cancellation
+(:meth:`ReplicaLink.horizon`) takes it at once, without a sleep on SimPy's clock, and logs a
+stretch that ends before then at once, as one engine on its own does: nothing can happen to
+it meanwhile. It drains its cohort the same way (``Engine.drains``), up to a stretch that
+would reach the horizon. A pass or a stretch that reaches the horizon sleeps as below, so
+that the router sees it at the routing instant and a routed request may cut it; every
+pass at an instant where another event is due still waits for its turn.
+
 Exactness of fast-forward. A replica advances a decode stretch in one sleep, cut as for one
 engine at its own next event (a delivery already in its inbox, a cancellation, its policy's
 timer), not at every arrival to the cluster. The stretch is priced at its start but logged
@@ -147,6 +158,8 @@ class ReplicaLink:
         self.inbox: deque[tuple[float, Request]] = deque()
         self.engine: Engine | None = None
         self.plan: StretchPlan | None = None
+        self.runs_ahead = dispatcher.runs_ahead
+        """The replica may run on between routing instants (see the module docstring)."""
         self.num_routed = 0
         """Requests routed here (delivered or not)."""
         self.num_left = 0
@@ -194,6 +207,29 @@ class ReplicaLink:
         self.dispatcher.on_left(request, now)
 
     # ----------------------------------------------------- the step loop's hooks
+    def horizon(self) -> float:
+        """Until when nothing of the cluster can reach this replica: the cluster's next
+        routing instant or this replica's next delivery, whichever comes first; -inf when
+        the replica may not run ahead (a closed loop, conversations, a disaggregated
+        cluster)."""
+        if not self.runs_ahead:
+            return -math.inf
+        time = self.dispatcher.source.next_time()
+        inbox = self.inbox
+        if inbox and inbox[0][0] < time:
+            return inbox[0][0]
+        return time
+
+    def settle(self, times: StepTimes) -> None:
+        """Log the iterations of ``times`` at once: they end before :meth:`horizon`, so no
+        request can cut them."""
+        plan = self.plan
+        assert plan is not None
+        if plan.pending:
+            plan.begin(times.end)
+            kept = plan.commit()
+            assert kept is None, "a stretch before the horizon was cut"
+
     def pass_at(self, now: float) -> simpy.Event:
         """Sleep until this replica's pass at ``now`` (after routing at that instant)."""
         return self.sleeper.sleep(now, self._pass_priority)
@@ -396,6 +432,9 @@ class Dispatcher:
         self._input_ended = False
         self._pass_time = -math.inf
         self._pass_index = -1
+        self.runs_ahead = self.source.leaving_sends_nothing
+        """Replicas may run on between routing instants: an open loop without conversations
+        (see the module docstring)."""
 
     def passed(self, now: float, index: int) -> None:
         """Replica ``index`` begins a pass at ``now``."""

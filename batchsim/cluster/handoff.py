@@ -302,6 +302,7 @@ class DisaggregatedDispatcher(Dispatcher):
         decode_reject_reason: Callable[[Request], str],
     ):
         super().__init__(table, route, overhead)
+        self.runs_ahead = False  # hand-offs and KV landings reach replicas at any time
         self.decode_route = decode_route
         self.transfer = transfer
         self.decode_reject_reason = decode_reject_reason

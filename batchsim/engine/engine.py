@@ -188,9 +188,11 @@ class Engine:
         self.guarded = not built_in(policy)
         """Check the policy at every call (policies written outside batchsim)."""
         self.on_step = on_step
+        self.runs_ahead = link is not None and getattr(link, "runs_ahead", False) is True
+        """A replica that may run on between its cluster's routing instants
+        (:meth:`~batchsim.cluster.dispatch.ReplicaLink.horizon`)."""
         self.drains = (
-            link is None
-            and self.fast_forward
+            self.fast_forward
             and not self.guarded
             and declaration(policy).drains_cohort
             and scheduler._cohort is not None
@@ -198,13 +200,20 @@ class Engine:
             and not cost_model.ideal
             and self.slot_log is None
             and type(self) is Engine
-            and isinstance(self.source, ArrivalSource)
-            and self.source.leaving_sends_nothing
+            and (
+                self.runs_ahead
+                or (
+                    link is None
+                    and isinstance(self.source, ArrivalSource)
+                    and self.source.leaving_sends_nothing
+                )
+            )
         )
         """Decode stretches run on through their members' last tokens
         (:meth:`~batchsim.engine.stretch.StretchRunner.drain`): a built-in policy that runs
-        its running requests first (``drains_cohort``), one engine on its own, whose
-        requests leaving bring no arrival (open loop, no conversations)."""
+        its running requests first (``drains_cohort``), one engine on its own or a replica
+        that runs ahead, whose requests leaving bring no arrival (open loop, no
+        conversations)."""
         self._price: Callable[[SchedulerOutput, float], StepTimes] = self._price_step
         """Prices and logs one iteration (the proposals too with speculative decoding)."""
         if getattr(scheduler, "speculator", None) is not None:
@@ -349,6 +358,17 @@ class Engine:
             )
         return None if timer is None else float(timer)  # (a policy may use numpy numbers)
 
+    def _horizon(self) -> float:
+        """A replica's horizon (:meth:`~batchsim.cluster.dispatch.ReplicaLink.horizon`), or
+        its next cancellation if that comes first; -inf if it may not run ahead."""
+        if not self.runs_ahead:
+            return -math.inf
+        link: Any = self.link
+        t: float = link.horizon()
+        if self._cancels and self._cancels[0][0] < t:
+            return self._cancels[0][0]
+        return t
+
     def _next_external_time(self) -> float:
         """The next arrival or cancellation (inf if none is known)."""
         t = self.source.next_time()
@@ -440,8 +460,14 @@ class Engine:
                 external = self._next_external_time()
                 if times.end >= external:
                     yield env.timeout(max(0.0, times.end - env.now))
-            else:  # a request routed here during a stretch cuts it short
-                times = yield from link.busy(times)
+            else:
+                # A replica likewise, before its horizon (nothing of the cluster can reach it
+                # sooner); from there on a request routed here during a stretch cuts it short.
+                external = self._horizon()
+                if times.end < external:
+                    link.settle(times)
+                else:
+                    times = yield from link.busy(times)
             now = self.last_end = times.end
             if guarded:
                 finished = self._call(
@@ -457,13 +483,12 @@ class Engine:
                 )
             for request in finished:
                 self.leave(request, times.end)
-            # (an engine that drains has no link, and the update brought no arrival: the next
-            # external event is the one found above)
+            # (the update brought no arrival: the next external event is the one found above)
             if self.drains and now < external:
-                now = self.stretch.drain(now, external)
+                now = self.stretch.drain(now, external, cross=link is None)
                 if now >= external:  # its last stretch was cut there: sleep till it ends
                     yield env.timeout(max(0.0, now - env.now))
-            if link is not None:  # the router's turn first at this instant
+            if link is not None and now >= external:  # the router's turn first at this instant
                 turn = link.next_pass(now)
                 if turn is not None:
                     now = yield turn

@@ -129,6 +129,10 @@ class StretchRunner:
         self.engine = engine
         self.cost_model: RooflineCostModel = engine.cost_model
         self.log = log
+        """Where a pass's stretches go: the engine's log, or a replica's plan (logged when
+        the stretch ends: a routed request may cut it)."""
+        self.records = log
+        """The engine's own log, where drained stretches go (nothing can cut them)."""
         slopes = self.cost_model.decode_token_slopes
         self._slopes = (
             slopes.flops,
@@ -227,7 +231,7 @@ class StretchRunner:
                 break
         return runs, done, start
 
-    def drain(self, now: float, event: float) -> float:
+    def drain(self, now: float, event: float, cross: bool = True) -> float:
         """Run the whole cohort on from ``now``, stretch after stretch, while the next
         iteration would be the cohort and nothing else and no arrival or cancellation is due
         (before ``event``): each stretch up to its first member's last token or what the KV
@@ -235,11 +239,13 @@ class StretchRunner:
         The same iterations as a pass of the engine each (``schedule()``,
         :func:`repeat_limit`, :meth:`run`, ``update_from_output()``), without building their
         outputs. Returns the engine's time after the last one: at or after ``event`` if it
-        was cut there, else when nothing could be drained any more."""
+        was cut there, else when nothing could be drained any more. Without ``cross`` (a
+        replica, whose ``event`` is its horizon), a stretch that would reach ``event`` is
+        left to a pass of the engine, where a routed request may cut it."""
         engine = self.engine
         scheduler = engine.scheduler
         kv = scheduler.kv_cache
-        log = self.log
+        log = self.records
         on_step = engine.on_step
         graph_max = engine.options.cuda_graph_max_batch_size
         rows = self._pure_rows
@@ -265,6 +271,8 @@ class StretchRunner:
             cpu, row = cpu_row
             steps = cohort_repeat(kv, cohort, 1 << 62)
             runs, done, end = self._price_runs(shape, cpu, row, now, steps, event)
+            if end >= event and not cross:
+                break  # (the blocks of the members' next token stay taken, as schedule() would)
             log.add_runs(runs, kv.usage_ramp(cohort.offsets()), done)
             finished = scheduler._advance_cohort(cohort, first, done, end, running)
             first += done
