@@ -488,6 +488,18 @@ class Engine:
                 now = self.stretch.drain(now, external, cross=link is None)
                 if now >= external:  # its last stretch was cut there: sleep till it ends
                     yield env.timeout(max(0.0, now - env.now))
+                planned = self.stretch.planned
+                if planned is not None:  # a replica's stretch that reaches its horizon
+                    self.stretch.planned = None
+                    assert link is not None
+                    times, cohort, running = planned
+                    times = yield from link.busy(times)
+                    now = self.last_end = times.end
+                    for request in scheduler._advance_cohort(
+                        cohort, times.first_iteration, times.num_steps, times.end, running
+                    ):
+                        self.leave(request, times.end)
+                    external = -math.inf  # (its pass at this instant waits for its turn)
             if link is not None and now >= external:  # the router's turn first at this instant
                 turn = link.next_pass(now)
                 if turn is not None:

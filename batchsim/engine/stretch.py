@@ -47,6 +47,7 @@ from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
 from batchsim.cost.costs import StepCost
 from batchsim.cost.model import as_int
 from batchsim.cost.shapes import cuda_graph_padded
+from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import UsageRamp, expand_usage_ramps
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.repeat import cohort_repeat
@@ -133,6 +134,9 @@ class StretchRunner:
         the stretch ends: a routed request may cut it)."""
         self.records = log
         """The engine's own log, where drained stretches go (nothing can cut them)."""
+        self.planned: tuple[StepTimes, Cohort, list[Request]] | None = None
+        """A replica's drained stretch that reaches its horizon, planned and not applied:
+        (its times, the cohort, the running list it runs); see :meth:`drain`."""
         slopes = self.cost_model.decode_token_slopes
         self._slopes = (
             slopes.flops,
@@ -240,8 +244,11 @@ class StretchRunner:
         :func:`repeat_limit`, :meth:`run`, ``update_from_output()``), without building their
         outputs. Returns the engine's time after the last one: at or after ``event`` if it
         was cut there, else when nothing could be drained any more. Without ``cross`` (a
-        replica, whose ``event`` is its horizon), a stretch that would reach ``event`` is
-        left to a pass of the engine, where a routed request may cut it."""
+        replica, whose ``event`` is its horizon), the stretch that would reach ``event`` is
+        priced as a pass would price it (to its first member's last token, the KV blocks'
+        limit or the replica's own next event) into the replica's plan, not applied:
+        :attr:`planned` holds it for the engine, which sleeps until it ends (a routed
+        request may cut it) and then applies it with the scheduler's ``_advance_cohort``."""
         engine = self.engine
         scheduler = engine.scheduler
         kv = scheduler.kv_cache
@@ -270,9 +277,16 @@ class StretchRunner:
                 cpu_row = rows[key] = (cpu, engine.batch_row(output, cpu))
             cpu, row = cpu_row
             steps = cohort_repeat(kv, cohort, 1 << 62)
-            runs, done, end = self._price_runs(shape, cpu, row, now, steps, event)
+            if cross:
+                runs, done, end = self._price_runs(shape, cpu, row, now, steps, event)
+            else:  # to the replica's own next event, as a pass would price it
+                own = min(engine.next_arrival_time(), engine.next_other_event_time(now))
+                runs, done, end = self._price_runs(shape, cpu, row, now, steps, own)
             if end >= event and not cross:
-                break  # (the blocks of the members' next token stay taken, as schedule() would)
+                self.log.add_runs(runs, kv.usage_ramp(cohort.offsets()))
+                self.num_stretches += 1
+                self.planned = (StepTimes(first, now, end, done), cohort, running)
+                return now
             log.add_runs(runs, kv.usage_ramp(cohort.offsets()), done)
             finished = scheduler._advance_cohort(cohort, first, done, end, running)
             first += done
