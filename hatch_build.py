@@ -44,6 +44,7 @@ COMPILED = (
     "batchsim/scheduler/core.py",
     "batchsim/scheduler/interface.py",
     "batchsim/scheduler/output.py",
+    "batchsim/scheduler/speculation.py",
     "batchsim/scheduler/toolkit.py",
 )
 """The modules compiled: the iteration loop and what it calls at every iteration, the

@@ -17,7 +17,8 @@ from batchsim.cost import BatchShape
 from batchsim.engine.engine import Engine
 from batchsim.engine.request import Request, RequestStatus
 from batchsim.errors import ConfigError
-from batchsim.scheduler.speculative import SpeculativeScheduler, Speculator
+from batchsim.scheduler.speculation import Speculator
+from batchsim.scheduler.speculative import SpeculativeScheduler
 from conftest import assert_same_run, capture_engines, simulate_data, tiny_experiment
 
 DRAFT = "llama-3.2-1b"

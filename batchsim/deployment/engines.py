@@ -22,7 +22,8 @@ from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.registry import built_in, policy_name
-from batchsim.scheduler.speculative import SpeculativeScheduler, Speculator, speculative_policy
+from batchsim.scheduler.speculation import Speculator
+from batchsim.scheduler.speculative import SpeculativeScheduler, speculative_policy
 from batchsim.workload.generation import RequestTable
 
 

@@ -38,7 +38,8 @@ from batchsim.metrics.replicas import (
 )
 from batchsim.metrics.requests import RequestLog
 from batchsim.scheduler.registry import load_policy
-from batchsim.scheduler.speculative import SpeculativeScheduler, summary_of
+from batchsim.scheduler.speculation import summary_of
+from batchsim.scheduler.speculative import SpeculativeScheduler
 from batchsim.workload.generation import RequestTable
 
 
