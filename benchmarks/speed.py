@@ -176,7 +176,7 @@ _PHASES = textwrap.dedent(
             finally:
                 spent[phase] = spent.get(phase, 0.0) + time.perf_counter() - start
         setattr(owner, name, timed)
-    wrap(simulation, "build", "build")
+    wrap(simulation, "assemble", "build")
     wrap(simulation, "generate", "workload")
     wrap(Engine, "run", "simulate")
     wrap(simulation, "summarize", "summary")

@@ -318,6 +318,45 @@ def test_invariant_fast_forward_equals_stepping(data):
 
 
 @st.composite
+def speculative_experiments(draw: st.DrawFn) -> dict[str, Any]:
+    """A random small experiment with speculative decoding (a draft model or n-gram
+    proposals, fixed or drawn acceptance), on a policy that runs it."""
+    data = draw(experiments())
+    policy = draw(st.sampled_from(["continuous", "chunked_prefill"]))
+    scheduler = {k: v for k, v in data["scheduler"].items() if k != "padding"}
+    scheduler["policy"] = policy
+    if policy != "continuous":
+        scheduler.pop("mix_prefill_decode", None)
+    method = draw(st.sampled_from(["ngram", "draft"]))
+    alpha: Any = draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+    if draw(st.booleans()):
+        alpha = {"dist": "beta", "a": 2.0, "b": 1.0}
+    speculative: dict[str, Any] = {
+        "method": method,
+        "num_speculative_tokens": draw(st.integers(1, 5)),
+        "acceptance_rate": alpha,
+    }
+    if method == "draft":
+        speculative["draft_model"] = "llama-3.2-1b"
+    else:
+        speculative["proposer_ms_per_token"] = draw(st.sampled_from([0.0, 0.3]))
+    engine = {k: v for k, v in data["engine"].items() if k != "framework"}
+    engine["speculative"] = speculative
+    engine["num_gpu_blocks"] = draw(st.integers(8, 64))
+    out = {k: v for k, v in data.items() if k != "_prefix"}
+    out.update(scheduler=scheduler, engine=engine)
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(speculative_experiments())
+def test_invariant_fast_forward_equals_stepping_with_speculative_decoding(data):
+    # A speculative run's verification iterations, run back to back without a pass each,
+    # are the passes' iterations exactly.
+    assert_fast_forward_exact(data)
+
+
+@st.composite
 def chunked_arrivals(draw: st.DrawFn) -> dict[str, Any]:
     """Chunked prefill with prompts of several chunks and requests arriving while they run:
     some cancelled, some too long for the engine (rejected on arrival), some from a closed

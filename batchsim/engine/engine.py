@@ -77,6 +77,7 @@ from batchsim.engine.guard import check_output
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.repeat import repeat_limit, stretches_allowed
 from batchsim.engine.request import Request
+from batchsim.engine.speculative_drain import SpeculativeDrain
 from batchsim.engine.stretch import StretchRunner, run_row
 from batchsim.errors import BatchsimError, PolicyError, describe_exception
 from batchsim.metrics.iterations import TIME_EPS, IterationLog
@@ -216,8 +217,24 @@ class Engine:
         conversations)."""
         self._price: Callable[[SchedulerOutput, float], StepTimes] = self._price_step
         """Prices and logs one iteration (the proposals too with speculative decoding)."""
-        if getattr(scheduler, "speculator", None) is not None:
+        self.speculative_drain: SpeculativeDrain | None = None
+        """Runs a speculative run's verification iterations back to back (one engine on its
+        own, without prefix caching, a window or recorded slots; see
+        :mod:`batchsim.engine.speculative_drain`)."""
+        speculator = getattr(scheduler, "speculator", None)
+        if speculator is not None:
             self._price = self._price_speculative_step
+            if (
+                options.fast_forward
+                and link is None
+                and not self.guarded
+                and scheduler._prefix is None
+                and scheduler.window is None
+                and self.kv_cache.window is None
+                and self.slot_log is None
+                and type(self) is Engine
+            ):
+                self.speculative_drain = SpeculativeDrain(self, self.iterations, speculator)
 
     @property
     def is_replica(self) -> bool:
@@ -500,6 +517,12 @@ class Engine:
                     ):
                         self.leave(request, times.end)
                     external = -math.inf  # (its pass at this instant waits for its turn)
+            if self.speculative_drain is not None:
+                external = self._next_external_time()  # (a closed-loop user may have sent one)
+                if now < external:
+                    now = self.speculative_drain.drain(now, external)
+                    if now >= external:  # its last iteration ends there: sleep till it ends
+                        yield env.timeout(max(0.0, now - env.now))
             if link is not None and now >= external:  # the router's turn first at this instant
                 turn = link.next_pass(now)
                 if turn is not None:
