@@ -19,18 +19,16 @@ slots.
 
 from __future__ import annotations
 
+from batchsim.cost import BatchShape
 from batchsim.cost.costs import StepCost
 from batchsim.cost.model import RooflineCostModel
 from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.request import Request
 from batchsim.engine.stretch import StretchHost, run_row
 from batchsim.metrics.iterations import IterationLog
-from batchsim.scheduler.output import StepTimes
-from batchsim.scheduler.speculation import (
-    Speculator,
-    apply_verifications,
-    verification_output,
-)
+from batchsim.scheduler.speculation import Speculator
+
+_new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
 
 
 class SpeculativeDrain:
@@ -51,72 +49,91 @@ class SpeculativeDrain:
         self.num_drained = 0
         """Iterations run by :meth:`drain` (read by tests; no result depends on it)."""
 
-    def _tokens(self, running: list[Request]) -> list[int] | None:
-        """Each running request's verification rows for the next iteration, or None when that
-        iteration is anything else (a request that is not a decode, rows over the token
-        budget, KV blocks that would run short: a pass decides it)."""
-        engine = self.engine
-        scheduler = engine.scheduler
-        kv = scheduler.kv_cache
-        bs = kv.block_size
-        k = self.speculator.num_speculative_tokens
-        tokens: list[int] = []
-        total = need = 0
-        for request in running:
-            computed = request.num_computed_tokens
-            outputs = request.num_output_tokens
-            if outputs == 0 or request.num_prompt_tokens + outputs - computed != 1:
-                return None
-            drafts = request.max_tokens - outputs - 1
-            q = 1 + (k if k < drafts else drafts)
-            total += q
-            extra = -(-(computed + q) // bs) - request.num_blocks
-            if extra > 0:
-                need += extra
-            tokens.append(q)
-        if total > scheduler.config.max_num_batched_tokens or need > kv.num_free_blocks:
-            return None
-        return tokens
-
     def drain(self, now: float, event: float) -> float:
         """Run verification iterations from ``now`` while the next one is known (see the
         module docstring) and starts before ``event``, the engine's next arrival or
         cancellation; the last may end at or after it. Returns the engine's time after the
-        last one."""
+        last one.
+
+        Each iteration is what a pass computes, summed in one loop over the running
+        requests (as :func:`~batchsim.scheduler.speculation.verification_output` and
+        :func:`~batchsim.scheduler.speculation.apply_verifications` do for any iteration):
+        a running request is in no cohort in a speculative run, so its own fields are its
+        progress."""
         engine = self.engine
         scheduler = engine.scheduler
+        assert scheduler._cohort is None, "a speculative run has no cohort"
         kv = scheduler.kv_cache
         bs = kv.block_size
         speculator = self.speculator
+        k = speculator.num_speculative_tokens
+        budget = scheduler.config.max_num_batched_tokens
+        proposer_time = speculator.proposer_time
+        priced_by_draft = speculator.draft_cost_model is not None
         cost_model = self.cost_model
         log = self.log
         options = engine.options
         graph_max = options.cuda_graph_max_batch_size
+        overlap = options.async_scheduling
         swap = 0.0 * options.swap_time_per_block  # (no swap: as a pass prices it)
+        swap_ms = 0 * options.swap_time_per_block * 1e3
         on_step = engine.on_step
         while now < event:
             if scheduler.waiting or scheduler.swapped or scheduler.transferred:
                 break
             running = scheduler.running
-            if not running:
+            n = len(running)
+            if not n:
                 break
-            tokens = self._tokens(running)
-            if tokens is None:
-                break
+            # schedule(): every running request a decode verifying 1 + k' rows, in order
+            tokens: list[int] = []
+            total = need = 0
+            for request in running:
+                computed, outputs = request._computed, request._outputs
+                if outputs == 0 or request.num_prompt_tokens + outputs - computed != 1:
+                    break
+                drafts = request.max_tokens - outputs - 1
+                q = 1 + (k if k < drafts else drafts)
+                total += q
+                extra = -(-(computed + q) // bs) - request._blocks
+                if extra > 0:
+                    need += extra
+                tokens.append(q)
+            if len(tokens) < n or total > budget or need > kv.num_free_blocks:
+                break  # not that iteration: a pass decides it
             if on_step is not None:
                 on_step(engine)
             requests = list(running)
-            for request, q in zip(requests, tokens):  # schedule(): the blocks of the rows
-                computed = request.num_computed_tokens
-                if -(-(computed + q) // bs) > request.num_blocks:
+            verify = num_verifying = plain = most = kv_read = pairs = 0
+            draft_rows: list[tuple[int, int]] = []
+            for request, q in zip(requests, tokens):
+                computed = request._computed
+                if -(-(computed + q) // bs) > request._blocks:
                     allocated = kv.allocate(request, computed + q)
                     assert allocated, "the blocks were counted above"
-            output = verification_output(scheduler, speculator, requests, tokens, [])
+                kv_read += computed
+                pairs += q * computed + q * (q + 1) // 2
+                if q > 1:  # a verification: a chunk of q rows, each through lm_head
+                    verify += q
+                    num_verifying += 1
+                    if q - 1 > most:
+                        most = q - 1
+                    if priced_by_draft:
+                        draft_rows.append((computed, q - 1))
+                else:
+                    plain += 1
+            sampled = n + verify - num_verifying if verify else n
+            shape = _new_shape(BatchShape, (n, verify, plain, 0, sampled, kv_read, pairs, 0, 0))
             if graph_max:
-                output.shape = cuda_graph_padded(output.shape, graph_max)
+                shape = cuda_graph_padded(shape, graph_max)
             # the engine's pricing of a speculative iteration (proposals, then verification)
-            cost = cost_model.step_cost(output.shape)
-            propose = output.propose_cost
+            cost = cost_model.step_cost(shape)
+            if priced_by_draft:
+                propose = speculator.propose_cost(draft_rows, [])
+            else:
+                propose = (
+                    None if not most else StepCost(most * proposer_time, 0.0, 0.0, 0.0, 0.0, 0.0)
+                )
             if propose is not None:
                 cost = StepCost(
                     cost.time + propose.time,
@@ -126,22 +143,54 @@ class SpeculativeDrain:
                     cost.kv_bytes + propose.kv_bytes,
                     cost.margin,
                 )
-            cpu = engine.cpu_time(output.num_seqs)
+            cpu = engine.cpu_time(n)
             gpu = cost.time + swap
-            if options.async_scheduling and engine.back_to_back(now):
+            if overlap and engine.back_to_back(now):
                 duration = cpu if cpu > gpu else gpu
             else:
                 duration = cpu + gpu
             first = log.num_rows
-            row = engine.batch_row(output, cpu)
-            verify = output.num_verify_tokens
-            if verify:  # (num_prefill_tokens, num_decode_tokens) at 5 and 6
-                row = (*row[:5], row[5] - verify, row[6] + verify, *row[7:])
+            # Engine.batch_row of the output, the verification rows counted as decode tokens
+            row = (
+                cpu * 1e3,
+                n,
+                n,
+                0,
+                n,
+                shape.num_prefill_tokens - verify,
+                shape.num_decode_tokens + verify,
+                shape.num_padding_tokens,
+                n,
+                0,
+                0,
+                0,
+                swap_ms,
+                0,
+                0,
+                0,
+            )
             log.append(run_row(now, 1, duration, cost, row), kv.usage)
             end = now + duration
-            finished = apply_verifications(
-                scheduler, speculator, output, StepTimes(first, now, end)
-            )
+            # update_from_output(): acceptances, the rejected drafts' blocks, finishes
+            finished: list[Request] = []
+            for request, q in zip(requests, tokens):
+                computed = request._computed
+                if q > 1:
+                    emitted = speculator.accept(request, q - 1) + 1
+                    request._computed = computed + emitted
+                    request.record_burst(first, emitted, end)
+                    keep = -(-(computed + emitted) // bs)
+                    rejected = request._blocks - keep  # blocks of rejected drafts only
+                    if rejected > 0:
+                        request._blocks = keep
+                        kv.num_free_blocks += rejected
+                else:
+                    request._computed = computed + 1
+                    request.record_tokens(first, 1, end)
+                if request._outputs >= request.max_tokens:
+                    assert request._outputs == request.max_tokens, "accepted too many"
+                    finished.append(request)
+            scheduler._finish(finished, end)
             engine.last_end = now = end
             self.num_drained += 1
             for request in finished:
