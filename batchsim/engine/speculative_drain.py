@@ -19,12 +19,16 @@ slots.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from batchsim.cost import BatchShape
 from batchsim.cost.costs import StepCost
 from batchsim.cost.model import RooflineCostModel
 from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.request import Request
-from batchsim.engine.stretch import StretchHost, run_row
+from batchsim.engine.stretch import StretchHost
 from batchsim.metrics.iterations import IterationLog
 from batchsim.scheduler.speculation import Speculator
 
@@ -78,6 +82,7 @@ class SpeculativeDrain:
         swap = 0.0 * options.swap_time_per_block  # (no swap: as a pass prices it)
         swap_ms = 0 * options.swap_time_per_block * 1e3
         on_step = engine.on_step
+        rows = _Rows(log, swap_ms)
         while now < event:
             if scheduler.waiting or scheduler.swapped or scheduler.transferred:
                 break
@@ -149,27 +154,7 @@ class SpeculativeDrain:
                 duration = cpu if cpu > gpu else gpu
             else:
                 duration = cpu + gpu
-            first = log.num_rows
-            # Engine.batch_row of the output, the verification rows counted as decode tokens
-            row = (
-                cpu * 1e3,
-                n,
-                n,
-                0,
-                n,
-                shape.num_prefill_tokens - verify,
-                shape.num_decode_tokens + verify,
-                shape.num_padding_tokens,
-                n,
-                0,
-                0,
-                0,
-                swap_ms,
-                0,
-                0,
-                0,
-            )
-            log.append(run_row(now, 1, duration, cost, row), kv.usage)
+            first = rows.add(now, duration, cost, cpu, n, shape, verify, kv.usage)
             end = now + duration
             # update_from_output(): acceptances, the rejected drafts' blocks, finishes
             finished: list[Request] = []
@@ -196,4 +181,104 @@ class SpeculativeDrain:
             for request in finished:
                 engine.leave(request, end)
             event = min(event, engine.next_arrival_time(), engine.next_cancel_time())
+        rows.flush()
         return now
+
+
+class _Rows:
+    """The drained iterations' rows, kept column by column and logged in blocks
+    (:meth:`~batchsim.metrics.iterations.IterationLog.extend`): the row of each is
+    ``run_row(start, 1, duration, cost, Engine.batch_row(output, cpu))``, with the
+    verification rows counted as decode tokens."""
+
+    def __init__(self, log: IterationLog, swap_ms: float):
+        self.log = log
+        self.swap_ms = swap_ms
+        self.columns: list[list[Any]] = [[] for _ in range(_VARYING)]
+        self.usage: list[float] = []
+
+    def add(
+        self,
+        start: float,
+        duration: float,
+        cost: StepCost,
+        cpu: float,
+        n: int,
+        shape: BatchShape,
+        verify: int,
+        usage: float,
+    ) -> int:
+        """One iteration of ``n`` decodes, ``verify`` of their rows verifications; returns
+        its index in the log."""
+        c = self.columns
+        time, flops, nbytes, weight_bytes, kv_bytes, margin = cost
+        c[0].append(start)
+        c[1].append(duration)
+        c[2].append(time * 1e3)
+        c[3].append(flops)
+        c[4].append(nbytes)
+        c[5].append(weight_bytes)
+        c[6].append(kv_bytes)
+        c[7].append(margin)
+        c[8].append(cpu * 1e3)
+        c[9].append(n)
+        c[10].append(shape.num_prefill_tokens - verify)
+        c[11].append(shape.num_decode_tokens + verify)
+        c[12].append(shape.num_padding_tokens)
+        self.usage.append(usage)
+        index = self.log.num_rows + len(self.usage) - 1
+        if len(self.usage) >= _BLOCK_ROWS:
+            self.flush()
+        return index
+
+    def flush(self) -> None:
+        """Log the rows kept so far."""
+        n = len(self.usage)
+        if not n:
+            return
+        c = [np.array(column) for column in self.columns]
+        seqs = c[9]
+        self.log.extend(
+            (
+                c[0],  # start_time_s
+                1,  # num_steps
+                c[1],  # duration_s
+                c[2],  # gpu_time_ms
+                c[3],  # flops
+                c[4],  # bytes
+                c[5],  # weight_bytes
+                c[6],  # kv_bytes
+                c[7],  # bound_margin_s
+                0.0,
+                0.0,
+                0.0,
+                0.0,  # the *_step columns
+                c[8],  # cpu_time_ms
+                seqs,  # num_seqs
+                seqs,  # num_slots
+                0,  # num_prefill_seqs
+                seqs,  # num_decode_seqs
+                c[10],  # num_prefill_tokens
+                c[11],  # num_decode_tokens
+                c[12],  # num_padding_tokens
+                seqs,  # num_output_tokens
+                0,  # num_preempted
+                0,  # num_swap_in_blocks
+                0,  # num_swap_out_blocks
+                self.swap_ms,  # swap_time_ms
+                0,  # num_swapped_out
+                0,  # num_cached_blocks
+                0,  # num_evicted_blocks
+            ),
+            n,
+            np.array(self.usage),
+        )
+        for column in self.columns:
+            column.clear()
+        self.usage.clear()
+
+
+_VARYING = 13
+"""Columns of a drained iteration's row that vary from one to the next."""
+_BLOCK_ROWS = 4096
+"""Rows kept before they are logged."""
