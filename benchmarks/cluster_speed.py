@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def experiment(replicas: int | None, router: str, per_replica: int) -> dict[str, Any]:
@@ -52,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-replica", type=int, default=2000, help="requests per replica")
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs per case")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
     from batchsim.config import validate_experiment
     from batchsim.simulation import simulate
 
