@@ -312,31 +312,42 @@ def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step():
     )
 
 
+@pytest.mark.parametrize("enabled", [True, False])
 @pytest.mark.parametrize("threshold", [700, 0, 250_000])
 @pytest.mark.parametrize("cluster", [False, True])
-def test_the_run_collects_garbage_rarely_and_leaves_the_collector_as_it_was(threshold, cluster):
-    # The step loop frees its short-lived tuples by reference counting: the collector runs
-    # rarely while it runs (unless the caller turned it off or set it rarer already), and
-    # the caller's thresholds are back afterwards.
-    seen: list[int] = []
+def test_the_run_of_built_in_policies_turns_the_collector_off_and_leaves_it_as_it_was(
+    threshold, cluster, enabled
+):
+    # The step loop frees its short-lived tuples by reference counting and makes almost no
+    # cycles: with the built-in policies the collector is off while it runs (unless the
+    # caller turned it off already), and the caller's settings are back afterwards.
+    seen: list[tuple[bool, int]] = []
     schedule = Scheduler.schedule_iteration
 
     def spy(scheduler: Scheduler, now: float) -> Any:
-        seen.append(gc.get_threshold()[0])
+        seen.append((gc.isenabled(), gc.get_threshold()[0]))
         return schedule(scheduler, now)
 
     data = experiment(poisson(20, 4.0, fixed(64), fixed(16)))
     if cluster:
         data["cluster"] = {"replicas": 2, "router": "round_robin"}
     saved = gc.get_threshold()
+    was_enabled = gc.isenabled()
     try:
         gc.set_threshold(threshold, 13, 17)
+        if not enabled:
+            gc.disable()
         with mock.patch.object(Scheduler, "schedule_iteration", spy):
             sim(data)
         assert gc.get_threshold() == (threshold, 13, 17)
+        assert gc.isenabled() == enabled
     finally:
         gc.set_threshold(*saved)
-    assert seen and set(seen) == {threshold if threshold in (0, 250_000) else 100_000}
+        if was_enabled:
+            gc.enable()
+    # off while the loop runs; a collector turned off (disabled, or threshold 0) stays so
+    expected = (False, threshold) if enabled and threshold else (enabled, threshold)
+    assert seen and set(seen) == {expected}
 
 
 # ----------------------------------------------------------------------------- fast-forward

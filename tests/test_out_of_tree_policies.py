@@ -19,7 +19,13 @@ from batchsim.engine import engine as engine_module
 from batchsim.engine.repeat import stretches_allowed
 from batchsim.scheduler import POLICIES, Scheduler
 from batchsim.scheduler.continuous import ContinuousScheduler
-from conftest import assert_same_clock, assert_same_run, capture_engines, tiny_experiment
+from conftest import (
+    assert_same_clock,
+    assert_same_run,
+    capture_engines,
+    simulate_data,
+    tiny_experiment,
+)
 
 POLICY_MODULE = '''
 import math
@@ -304,6 +310,20 @@ def test_a_policy_that_declares_decode_stretches_is_fast_forwarded_exactly(polic
     assert_same_clock(fast, slow)
 
 
+def test_a_policy_written_elsewhere_runs_with_the_collector_on_rarely(policies):
+    # it might make reference cycles at every iteration: they are still collected
+    seen: list[tuple[bool, int]] = []
+    schedule = Scheduler.schedule_iteration
+
+    def spy(scheduler: Scheduler, now: float) -> Any:
+        seen.append((gc.isenabled(), gc.get_threshold()[0]))
+        return schedule(scheduler, now)
+
+    with mock.patch.object(Scheduler, "schedule_iteration", spy):
+        simulate_data(four_at_once(f"{policies}:TwoFewestOutputs"))
+    assert seen and set(seen) == {(True, engine_module.GC_THRESHOLD)}
+
+
 def run_cli(policy: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[int, str]:
     exp = tmp_path / "exp.yaml"
     exp.write_text(
@@ -353,6 +373,7 @@ def test_a_policy_that_breaks_a_rule_stops_the_run_naming_it(
     thresholds = gc.get_threshold()
     code, err = run_cli(f"{policies}:{name}", tmp_path, capsys)
     assert gc.get_threshold() == thresholds  # the engine's rare collections end with it
+    assert gc.isenabled()
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"batchsim: error: scheduler.policy {policies}:{name}: "), err
