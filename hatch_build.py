@@ -29,6 +29,7 @@ COMPILED = (
     "batchsim/cost/model.py",
     "batchsim/engine/arrivals.py",
     "batchsim/engine/cohort.py",
+    "batchsim/engine/collector.py",
     "batchsim/engine/engine.py",
     "batchsim/engine/guard.py",
     "batchsim/engine/kv_cache.py",

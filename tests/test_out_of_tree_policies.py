@@ -16,6 +16,7 @@ import pytest
 import batchsim
 from batchsim import cli
 from batchsim.engine import engine as engine_module
+from batchsim.engine.collector import GC_THRESHOLD
 from batchsim.engine.repeat import stretches_allowed
 from batchsim.scheduler import POLICIES, Scheduler
 from batchsim.scheduler.continuous import ContinuousScheduler
@@ -321,7 +322,7 @@ def test_a_policy_written_elsewhere_runs_with_the_collector_on_rarely(policies):
 
     with mock.patch.object(Scheduler, "schedule_iteration", spy):
         simulate_data(four_at_once(f"{policies}:TwoFewestOutputs"))
-    assert seen and set(seen) == {(True, engine_module.GC_THRESHOLD)}
+    assert seen and set(seen) == {(True, GC_THRESHOLD)}
 
 
 def run_cli(policy: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[int, str]:

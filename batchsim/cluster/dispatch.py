@@ -57,7 +57,7 @@ import simpy
 
 from batchsim.cluster.plan import StretchPlan
 from batchsim.engine.arrivals import ArrivalSource
-from batchsim.engine.engine import rare_collections
+from batchsim.engine.collector import rare_collections
 from batchsim.engine.request import Request
 from batchsim.scheduler.output import StepTimes
 from batchsim.workload import RequestTable
