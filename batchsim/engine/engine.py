@@ -87,6 +87,7 @@ from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
 from batchsim.scheduler.registry import built_in, policy_name
+from batchsim.scheduler.speculation import with_proposals
 from batchsim.workload.generation import RequestTable
 
 MAX_STEPS_WITHOUT_TOKEN = 1_000_000
@@ -513,14 +514,7 @@ class Engine:
         cost = self.cost_model.step_cost(output.shape)
         propose = getattr(output, "propose_cost", None)
         if propose is not None:
-            cost = StepCost(
-                cost.time + propose.time,
-                cost.flops + propose.flops,
-                cost.bytes + propose.bytes,
-                cost.weight_bytes + propose.weight_bytes,
-                cost.kv_bytes + propose.kv_bytes,
-                cost.margin,
-            )
+            cost = with_proposals(cost, propose)
         return self._log_step(output, now, cost, getattr(output, "num_verify_tokens", 0))
 
     def _log_step(

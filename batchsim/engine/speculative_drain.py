@@ -30,7 +30,7 @@ from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.request import Request
 from batchsim.engine.stretch import StretchHost
 from batchsim.metrics.iterations import IterationLog
-from batchsim.scheduler.speculation import Speculator
+from batchsim.scheduler.speculation import Speculator, with_proposals
 
 _new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
 
@@ -140,14 +140,7 @@ class SpeculativeDrain:
                     None if not most else StepCost(most * proposer_time, 0.0, 0.0, 0.0, 0.0, 0.0)
                 )
             if propose is not None:
-                cost = StepCost(
-                    cost.time + propose.time,
-                    cost.flops + propose.flops,
-                    cost.bytes + propose.bytes,
-                    cost.weight_bytes + propose.weight_bytes,
-                    cost.kv_bytes + propose.kv_bytes,
-                    cost.margin,
-                )
+                cost = with_proposals(cost, propose)
             cpu = engine.cpu_time(n)
             gpu = cost.time + swap
             if overlap and engine.back_to_back(now):

@@ -214,6 +214,19 @@ class SpeculativeOutput(SchedulerOutput):
     """GPU cost of the drafts, before the target's pass."""
 
 
+def with_proposals(cost: StepCost, propose: StepCost) -> StepCost:
+    """An iteration's cost with its proposals' (run on the GPU before the target's
+    verification pass; the bound margin is the target's)."""
+    return StepCost(
+        cost.time + propose.time,
+        cost.flops + propose.flops,
+        cost.bytes + propose.bytes,
+        cost.weight_bytes + propose.weight_bytes,
+        cost.kv_bytes + propose.kv_bytes,
+        cost.margin,
+    )
+
+
 def schedule_verifications(
     scheduler: SchedulerToolkit, k: int, token_budget: int, preempted: list[Request]
 ) -> tuple[list[Request], list[int], int]:
