@@ -96,10 +96,6 @@ class Deployment:
         self.groups = groups
         self.model = model
 
-    @property
-    def num_engines(self) -> int:
-        return sum(group.count for group in self.groups)
-
     def run(
         self,
         table: RequestTable,

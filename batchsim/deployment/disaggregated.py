@@ -50,11 +50,9 @@ from batchsim.deployment.replicas import (
     Replicas,
     replica_records,
     run_engines,
-    speculative_summary,
 )
 from batchsim.deployment.setup import Setup
 from batchsim.errors import ConfigError
-from batchsim.metrics.iterations import IterationLog
 from batchsim.metrics.requests import RequestLog
 from batchsim.scheduler.registry import load_policy
 from batchsim.workload.generation import RequestTable
@@ -164,22 +162,11 @@ class Disaggregated(Replicas):
             replicas=[*range(len(engines)), -1],
             first_runs=first_runs,
         )
-        return ClusterRun(
-            request_log,
-            IterationLog.concatenate([e.iterations for e in engines]),
-            len(engines),
-            self.notes(),
-            replicas=records,
-            capacity_tokens=capacity,
-            num_gpus=config.num_gpus,
-            speculative=speculative_summary(engines),
-            by_request={
-                "prefill_replica": dispatcher.prefill_replica,
-                "decode_replica": dispatcher.decode_replica,
-                "kv_wait_ms": dispatcher.kv_wait * 1e3,
-                "kv_transfer_ms": dispatcher.kv_transfer * 1e3,
-                "kv_transfer_bytes": dispatcher.kv_bytes,
-            },
-            warmup_s=config.metrics.warmup_s,
-            cooldown_s=config.metrics.cooldown_s,
-        )
+        by_request = {
+            "prefill_replica": dispatcher.prefill_replica,
+            "decode_replica": dispatcher.decode_replica,
+            "kv_wait_ms": dispatcher.kv_wait * 1e3,
+            "kv_transfer_ms": dispatcher.kv_transfer * 1e3,
+            "kv_transfer_bytes": dispatcher.kv_bytes,
+        }
+        return self.cluster_run(engines, records, capacity, request_log, by_request)

@@ -105,8 +105,21 @@ class Replicas(Deployment):
             engine.check_done()
             assert engine.request_log.num_rows == engine.num_arrived, "a request never left"
         offsets, records = replica_records(engines, members)
+        request_log = RequestLog.concatenate([e.request_log for e in engines], offsets)
+        return self.cluster_run(engines, records, capacity, request_log)
+
+    def cluster_run(
+        self,
+        engines: Sequence[Engine],
+        records: Sequence[ReplicaRecord],
+        capacity: int,
+        request_log: RequestLog,
+        by_request: dict[str, np.ndarray] | None = None,
+    ) -> ClusterRun:
+        """What the run of ``engines`` left, their request log merged as ``request_log``."""
+        config = self.config
         return ClusterRun(
-            RequestLog.concatenate([e.request_log for e in engines], offsets),
+            request_log,
             IterationLog.concatenate([e.iterations for e in engines]),
             len(engines),
             self.notes(),
@@ -114,6 +127,7 @@ class Replicas(Deployment):
             capacity_tokens=capacity,
             num_gpus=config.num_gpus,
             speculative=speculative_summary(engines),
+            by_request=by_request,
             warmup_s=config.metrics.warmup_s,
             cooldown_s=config.metrics.cooldown_s,
         )

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from batchsim.deployment.base import (
     Deployment,
     DeploymentRun,
@@ -106,8 +108,6 @@ def range_warnings(setup: Setup, iterations: IterationLog, requests: Columns) ->
     """The hardware profile's ``calibrated_range`` against the run's extremes (model, TP,
     fewest and most tokens and requests of an iteration, longest request), one line each.
     Read from the per-run batch columns: no pass over the iterations."""
-    import numpy as np
-
     calibrated = setup.hardware.calibrated_range
     assert calibrated is not None
     tokens = batch = None
