@@ -34,6 +34,7 @@ COMPILED = (
     "batchsim/engine/guard.py",
     "batchsim/engine/kv_cache.py",
     "batchsim/engine/options.py",
+    "batchsim/engine/pipeline.py",
     "batchsim/engine/repeat.py",
     "batchsim/engine/speculative_drain.py",
     "batchsim/engine/request.py",

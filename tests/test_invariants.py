@@ -9,19 +9,25 @@ limits hold and the KV cache is empty at the end.
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from batchsim.engine.engine import Engine
 from batchsim.engine.request import RequestStatus
+from batchsim.errors import ConfigError
 from batchsim.simulation import Result
 from conftest import (
     assert_fast_forward_exact,
+    assert_same_clock,
+    assert_same_run,
     capture_engines,
     simulate_data,
     tiny_experiment,
@@ -315,6 +321,56 @@ def test_invariant_fast_forward_equals_stepping(data):
     # Decode stretches, priced and logged as runs, expand to exactly the iterations that
     # stepping one by one produces: every column, every request, the whole summary.
     assert_fast_forward_exact(data)
+
+
+@st.composite
+def pipeline_experiments(draw: st.DrawFn) -> dict[str, Any]:
+    """A random small experiment on a pipeline of 2 to 4 stages, on a policy that runs one."""
+    data = draw(experiments())
+    policy = draw(st.sampled_from(["continuous", "chunked_prefill"]))
+    scheduler = {k: v for k, v in data["scheduler"].items() if k != "padding"}
+    scheduler["policy"] = policy
+    if policy != "continuous":
+        scheduler.pop("mix_prefill_decode", None)
+    out = dict(data)
+    out.update(scheduler=scheduler, parallel={"pipeline_parallel_size": draw(st.integers(2, 4))})
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pipeline_experiments())
+def test_invariant_fast_forward_equals_stepping_in_pipelines(data):
+    # A pipeline's virtual engines build their cohort-alone batches without the scheduler and
+    # its loop skips SimPy's sleeps: bit for bit the iterations and requests of the general
+    # path (engine.fast_forward: false), every column.
+    fast_data, slow_data = copy.deepcopy(data), copy.deepcopy(data)
+    slow_data["engine"]["fast_forward"] = False
+    fast_data["engine"]["fast_forward"] = True
+    try:
+        slow = simulate_data(slow_data)
+    except ConfigError as exc:  # a KV cache too small for the batches in flight: both stop
+        with pytest.raises(ConfigError, match=re.escape(str(exc))):
+            simulate_data(fast_data)
+        return
+    fast = simulate_data(fast_data)
+    assert_same_run(fast, slow)
+    assert_same_clock(fast, slow)
+    for a, b in ((fast.iterations, slow.iterations), (fast.requests, slow.requests)):
+        assert list(a.columns) == list(b.columns)
+        for column in a.columns:
+            x, y = a[column].to_numpy(), b[column].to_numpy()
+            assert x.tobytes() == y.tobytes() if x.dtype != object else list(x) == list(y), column
+
+    def figures(result: Result) -> str:  # (the run's settings and its wall time differ)
+        return repr(
+            sorted(
+                (k, v)
+                for k, v in result.summary.items()
+                if not isinstance(v, dict) and k != "wall_time_s"
+            )
+        )
+
+    assert figures(fast) == figures(slow)
 
 
 @st.composite

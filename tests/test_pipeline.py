@@ -365,3 +365,31 @@ def test_cli_run_reports_the_bubble_and_rejects_a_pipeline_with_static_batching(
 def test_an_engine_occupies_tp_times_pp_gpus():
     data = pp_experiment(4, parallel={"tensor_parallel_size": 2})
     assert validate_experiment(data).num_gpus == 8
+
+
+def test_prompts_that_evict_one_another_across_stages_stop_with_one_clear_line(tmp_path, capsys):
+    # 24 blocks of 16 tokens hold 384 tokens: one 292-token prompt (19 blocks) fits, but with
+    # 3 batches in flight each virtual engine holds a partial prompt and can preempt only its
+    # own, so the prompts evict one another by turns and no token is ever sampled. Stepping
+    # on would never end; the run stops with exit 2 and writes nothing.
+    data = pp_experiment(
+        3,
+        scheduler={"policy": "chunked_prefill", "max_num_seqs": 5, "max_num_batched_tokens": 137},
+        workload={
+            "num_requests": 19,
+            "arrival": {"process": "constant", "rate": 475.0},
+            "prompt_tokens": fixed(292),
+            "output_tokens": fixed(1),
+        },
+        engine={"num_gpu_blocks": 24, "block_size": 16},
+    )
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    out = tmp_path / "out"
+    assert cli.main(["run", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "KV cache (24 blocks of 16 tokens) is too small for 3 pipeline batches" in err
+    assert not out.exists()
+    data["parallel"]["pipeline_parallel_size"] = 1  # one batch at a time: the oldest goes on
+    assert simulate(validate_experiment(data)).summary["completed"] == 19
