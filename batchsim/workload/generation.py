@@ -83,6 +83,25 @@ def _check_drawn(values: np.ndarray, limit: float, key: str, unit: str, advice: 
         )
 
 
+def _check_think_span(think: np.ndarray, cfg: WorkloadConfig, turns: np.ndarray | None) -> None:
+    """A closed loop whose users would think past MAX_SECONDS is an error before it runs.
+
+    Every request but each user's first is sent a think time after its previous one left, so
+    the busiest user's last request comes at least (the sum of those think times) / users after
+    t = 0, however the requests fall to the users.
+    """
+    assert cfg.concurrency is not None
+    starts = np.arange(len(think)) if turns is None else np.cumsum(turns) - turns
+    waiting = float(think.sum() - think[starts[: cfg.concurrency]].sum())
+    span = waiting / min(cfg.concurrency, len(starts))
+    if span > MAX_SECONDS:
+        raise ConfigError(
+            f"workload.think_time_ms: {len(think)} requests of {cfg.concurrency} users think "
+            f"{span:.3g} s each user on average, more than the limit of {MAX_SECONDS:g} s of "
+            "simulated time; set a lower think time or fewer num_requests"
+        )
+
+
 def _child_rngs(seed: int) -> dict[str, np.random.Generator]:
     # New streams go at the end: a child's draws depend only on its position.
     names = ("arrival", "prompt", "output", "cancel", "think", "prefix_tokens", "prefix", "turns")
@@ -189,6 +208,8 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
             think_ms = cfg.think_time_ms.sample(rngs["think"], n)
             _check_drawn(think_ms, MAX_MS, "workload.think_time_ms", "ms", "mean or sigma")
             think = think_ms / 1000.0
+            if closed:
+                _check_think_span(think, cfg, turns)
         else:
             think = np.zeros(n)
     return RequestTable(
