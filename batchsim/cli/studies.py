@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batchsim.cli.args import SET_HELP, positive_int
+from batchsim.cli.args import SET_HELP, output_path, positive_int
 from batchsim.cli.tables import _fmt, _table_text
 from batchsim.errors import ConfigError
 
@@ -117,6 +117,7 @@ def _study_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument(
         "-o",
         "--output",
+        type=output_path,
         metavar="DIR",
         help=f"study folder (default: runs/NAME-{kind}); rerunning into it skips finished points",
     )

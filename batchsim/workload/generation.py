@@ -226,13 +226,25 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
 
 def trace_notes(cfg: WorkloadConfig, base_dir: Path | None = None) -> list[str]:
     """What the user should know about the trace ``cfg`` replays: the rows left out (BurstGPT
-    rows with 0 response or request tokens), one line each; empty without a trace. Reads the
+    rows with 0 response or request tokens) and, with ``arrival`` or ``concurrency``, that
+    its arrival times are not used; one line each, empty without a trace. Reads the
     trace as :func:`generate` does (a cache hit after it)."""
     if cfg.trace is None:
         return []
     trace = load_trace(cfg.trace, base_dir, limit=cfg.num_requests)
     note = skipped_note(trace, cfg.trace.path)
-    return [note] if note is not None else []
+    notes = [note] if note is not None else []
+    if trace.arrival_time is not None and (cfg.arrival is not None or cfg.concurrency is not None):
+        times = (
+            f"workload.arrival ({cfg.arrival.describe()}) draws them"
+            if cfg.arrival is not None
+            else f"the closed loop of workload.concurrency={cfg.concurrency} decides them"
+        )
+        notes.append(
+            f"the arrival times of trace {cfg.trace.path} are not used: {times}; the trace "
+            "gives the token counts"
+        )
+    return notes
 
 
 def _draw_turns(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None) -> np.ndarray:
