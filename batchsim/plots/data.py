@@ -40,23 +40,38 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file (a run written with --summary-only has none)")
     try:
-        table = pd.read_csv(path, **kwargs)
         last_row = _last_line(path)
+        cut_at = _count_lines(path) + 1 if last_row is None else 0  # the line cut short
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if cut_at:
+        raise _cut(path, cut_at)
+    try:
+        table = pd.read_csv(path, **kwargs)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         message = " ".join(str(exc).split())
         raise ConfigError(f"{path}: cannot read it as CSV ({message})") from None
-    cut = last_row is None or (
-        len(table) > 0 and last_row != "" and _num_fields(last_row) != len(table.columns)
-    )
-    if cut:
-        line = len(table) + 1  # the header is line 1
-        raise DamagedFileError(
-            "the table ends in the middle of a row (a file cut short?); write it again "
-            "(rerun the command that wrote it)",
-            str(path),
-            line,
-        )
+    if len(table) and last_row != "" and _num_fields(last_row) != len(table.columns):
+        raise _cut(path, len(table) + 1)  # the header is line 1
     return table
+
+
+def _cut(path: Path, line: int) -> DamagedFileError:
+    return DamagedFileError(
+        "the table ends in the middle of a row (a file cut short?); write it again "
+        "(rerun the command that wrote it)",
+        str(path),
+        line,
+    )
+
+
+def _count_lines(path: Path) -> int:
+    """The newlines of a file."""
+    count = 0
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            count += chunk.count(b"\n")
+    return count
 
 
 _TAIL_BYTES = 1 << 16
@@ -71,6 +86,8 @@ def _last_line(path: Path) -> str | None:
         start = max(0, size - _TAIL_BYTES)
         file.seek(start)
         tail = file.read()
+    if not tail:
+        return ""  # empty: pandas says so
     if not tail.endswith(b"\n"):
         return None
     lines = tail[:-1].rsplit(b"\n", 1)
