@@ -44,7 +44,7 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
         cut_at = _count_lines(path) + 1 if last_row is None else 0  # the line cut short
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if cut_at:
+    if last_row is None:
         raise _cut(path, cut_at)
     try:
         table = pd.read_csv(path, **kwargs)
