@@ -185,7 +185,23 @@ def test_workers_are_capped_at_the_points_to_run_and_it_says_so_once(tmp_path, c
     argv = ["sweep", str(exp), "-o", str(tmp_path / "s"), "--workers", "1000", "-q"]
     _, err = ran([*argv, "--grid", "scheduler.max_num_seqs=2,4"], capsys)
     assert pools == [2]
-    assert err.count("--workers 1000 capped at 2") == 1, err
+    assert err.count("--workers 1000 capped at 2, the points to run") == 1, err
+
+
+def test_capacity_workers_are_capped_at_the_configurations(tmp_path, capsys, monkeypatch):
+    pools: list[int] = []
+
+    def recording_pool(workers: int) -> Any:
+        pools.append(workers)
+        return backends.InlineExecutor()
+
+    monkeypatch.setattr(backends, "local_pool", recording_pool)
+    exp = write(tmp_path / "e.yaml", experiment_text(SMALL))
+    argv = ["capacity", str(exp), "-o", str(tmp_path / "c"), "--workers", "50", "-q"]
+    argv += ["--slo", "p99_ttft_ms=100000", "--rtol", "0.5"]
+    _, err = ran([*argv, "--grid", "scheduler.max_num_seqs=2,4,8"], capsys)
+    assert pools == [3]
+    assert err.count("--workers 50 capped at 3, the configurations to search") == 1, err
 
 
 # -------------------------------------------------------------------------------------- sweeps

@@ -189,7 +189,7 @@ def _workers(args: argparse.Namespace, num_parallel: int, what: str) -> int | No
         return args.workers
     count = max(1, num_parallel)
     print(
-        f"batchsim: --workers {args.workers} capped at {count}, the {what} to run",
+        f"batchsim: --workers {args.workers} capped at {count}, the {what}",
         file=sys.stderr,
     )
     return count
@@ -213,7 +213,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     check_study_dir(out_dir, "sweep")
     num_points = math.prod(len(axis.values) for axis in axes) * seeds
-    workers = _workers(args, num_points, "points" if num_points != 1 else "point")
+    workers = _workers(args, num_points, "points to run" if num_points != 1 else "point to run")
     with open_executor(args.backend, workers, args.address) as executor:
         result = run_sweep(
             plan,
@@ -281,7 +281,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
     check_study_dir(out_dir, "capacity")
     num_searches = math.prod(len(axis.values) for axis in axes)  # each one rate at a time
-    what = "configurations searched" if num_searches != 1 else "configuration searched"
+    what = "configurations to search" if num_searches != 1 else "configuration to search"
     workers = _workers(args, num_searches, what)
     with open_executor(args.backend, workers, args.address) as executor:
         table = run_capacity(cplan, executor, out_dir=out_dir, progress=_progress_mode(args))
