@@ -157,6 +157,28 @@ def test_closed_loop_think_times_past_1e9_s_are_refused_before_the_run(tmp_path,
     )
 
 
+def test_a_closed_loop_that_passes_1e9_s_by_its_service_times_stops_naming_the_key(
+    tmp_path, capsys
+):
+    # ten think times of 1e8 s add up to the bound exactly (allowed before the run); the
+    # service of the requests before the last one pushes its arrival past it
+    workload = """\
+    num_requests: 11
+    concurrency: 1
+    think_time_ms: {dist: fixed, value: 1.0e11}
+    prompt_tokens: {dist: fixed, value: 32}
+    output_tokens: {dist: fixed, value: 4}
+    """
+    exp = write(tmp_path / "e.yaml", experiment_text(workload))
+    line = refused(
+        ["run", str(exp), "-o", str(tmp_path / "out")],
+        capsys,
+        tmp_path,
+        "workload.think_time_ms: request 10 would arrive at 1000000000",
+    )
+    assert "more than the limit of 1e+09 s" in line
+
+
 def test_capacity_halving_into_the_time_bound_ends_its_search_saying_why(tmp_path, capsys):
     # 20 requests at 1e-7 req/s miss an SLO no rate meets; halving reaches rates whose
     # arrivals would pass 1e9 s (below 2e-8 req/s): the search ends there, no crash

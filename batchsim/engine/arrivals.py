@@ -236,7 +236,7 @@ class ArrivalSource:
         what they add to the service times)."""
         if time > MAX_SECONDS:
             raise ConfigError(
-                f"workload.think_time_ms: request {index} would arrive at {time:.3g} s, more "
+                f"workload.think_time_ms: request {index} would arrive at {time:.10g} s, more "
                 f"than the limit of {MAX_SECONDS:g} s of simulated time; set a lower think "
                 "time or fewer num_requests"
             )
