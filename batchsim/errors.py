@@ -52,6 +52,17 @@ def write_error(path: object, exc: OSError) -> ConfigError:
     return ConfigError(f"cannot write {path}: {reason}")
 
 
+class DamagedFileError(ConfigError):
+    """A file batchsim wrote was cut short (a table ending in the middle of a row): nothing
+    drawn from it could be trusted, so a report stops on it instead of noting it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal stopped the command line (Ctrl-C, SIGTERM): its handlers raise this, so that
+    code catching whatever a policy raises (every :class:`BaseException`, a
+    ``KeyboardInterrupt`` of its own included) lets the user's interrupt through."""
+
+
 class PolicyError(ConfigError):
     """A batching policy written outside batchsim (``package.module:Class``) broke a rule of
     the scheduler interface: it raised, returned something that is not an iteration, or

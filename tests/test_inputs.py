@@ -720,13 +720,13 @@ def test_exponent_numbers_are_numbers_everywhere(tmp_path, capsys) -> None:
 
 
 def test_yaml_scalars_follow_the_core_schema() -> None:
-    doc = "a: 8e1\nb: .5e-1\nc: 012\nd: 0x1f\ne: 1_000\nf: yes\ng: 2024-01-01\nh: ~\ni: TRUE\n"
+    doc = "a: 8e1\nb: .5e-1\nc: 012\nd: 0x1f\ne: 1:30\nf: yes\ng: 2024-01-01\nh: ~\ni: TRUE\n"
     assert yamlio.loads(doc) == {
         "a": 80.0,
         "b": 0.05,
         "c": 12,
         "d": 31,
-        "e": 1000,
+        "e": "1:30",  # YAML 1.1 read 90 (sexagesimal)
         "f": "yes",
         "g": "2024-01-01",
         "h": None,
@@ -741,6 +741,9 @@ def test_yaml_scalars_follow_the_core_schema() -> None:
         ("? [a]\n: 1", "mapping keys must be strings"),
         ("a: 1e400", "a must be a finite number, got inf"),
         ("a: [-.inf]", "a[0] must be a finite number, got -inf"),
+        ("e: 1_000", "e: '1_000': digit separators (_) are YAML 1.1"),
+        ("e: 1_0.5", "digit separators (_) are YAML 1.1"),
+        ("a: &x {b: 1}\nc:\n  <<: *x", "c: merge keys (<<) are YAML 1.1"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(expected)):
             yamlio.loads(bad)

@@ -486,6 +486,32 @@ def _fit(
     return {k: round_sig(v) for k, v in scales_of(fit.x).items()}
 
 
+MAX_MEASURED_RATIO = 100.0
+"""A measured number more than this many times what the base profile simulates (or less
+than its inverse) is refused: no setting of the fitted terms within their bounds comes near
+it, so it is a wrong file or setup, not something to fit."""
+
+
+def _check_plausible(
+    points: Sequence[E2EPoint], base_sims: Mapping[int, Mapping[str, float]], base: HardwareProfile
+) -> None:
+    for i, point in enumerate(points):
+        for metric, value in point.measured.items():
+            simulated = base_sims[i][metric]
+            ratio = value / simulated if simulated > 0 else math.inf
+            if not 1 / MAX_MEASURED_RATIO <= ratio <= MAX_MEASURED_RATIO:
+                key = "avg_latency" if metric == "avg_latency_s" else metric
+                unit = "s" if metric == "avg_latency_s" else "ms"
+                times = "over 1e300" if math.isinf(ratio) else f"{ratio:.3g}"
+                raise ConfigError(
+                    f"{key} {value:.4g} {unit} is {times} times what {base.name} simulates "
+                    f"for this setup ({simulated:.4g} {unit}); a measurement must lie within "
+                    f"{MAX_MEASURED_RATIO:g}x of it either way (is it of this model, GPU and "
+                    "setup?)",
+                    point.file,
+                )
+
+
 def fit_e2e(
     points: Sequence[E2EPoint], base: HardwareProfile, workdir: Path, folds: int = 5
 ) -> E2EFit:
@@ -502,10 +528,11 @@ def fit_e2e(
     """
     sim = _Simulator(points, workdir)
     every = list(range(len(points)))
+    base_sims = sim.run(base, every)
+    _check_plausible(points, base_sims, base)
     scales = _fit(sim, points, base, every)
     values = profile_values(base, scales)
     fitted = sim.run(with_terms(base, values), every)
-    base_sims = sim.run(base, every)
     held: dict[int, dict[str, float]] = {}
     k = min(folds, len(points))
     if k >= 2:

@@ -118,8 +118,63 @@ IGNORED_HF_KEYS = frozenset(
     }
 )
 
+NUMERIC_HF_KEYS = frozenset(
+    {
+        "rope_theta",
+        "rope_local_base_freq",
+        "rms_norm_eps",
+        "layer_norm_eps",
+        "layer_norm_epsilon",
+        "initializer_range",
+        "init_std",
+        "attention_dropout",
+        "dropout",
+        "activation_dropout",
+        "attn_pdrop",
+        "resid_pdrop",
+        "embd_pdrop",
+        "layerdrop",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
+        "aux_loss_alpha",
+        "routed_scaling_factor",
+        "query_pre_attn_scalar",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "swiglu_limit",
+        "original_max_position_embeddings",
+        "initial_context_length",
+        "sliding_window_size",
+        "n_ctx",
+        "max_window_layers",
+        "n_group",
+        "topk_group",
+        "ep_size",
+        "num_nextn_predict_layers",
+        "pretraining_tp",
+    }
+)
+"""Keys of :data:`IGNORED_HF_KEYS` that Hugging Face defines as numbers: their values are
+not used, but a value that is not a number (or null) is refused like a NaN is."""
+TOKEN_ID_KEYS = frozenset({"bos_token_id", "eos_token_id", "pad_token_id"})
+"""Keys of :data:`IGNORED_HF_KEYS` holding a token id, a list of them, or null."""
+
 MAX_NUM_PARAMS = 1e15
 """Largest ``official_num_params``."""
+
+
+def _check_ignored_numbers(r: _Reader) -> None:
+    """The ignored HF keys that hold numbers hold numbers (or null): ``rope_theta: "abc"``
+    is an error, as ``rope_theta: .nan`` is."""
+    for key in sorted(NUMERIC_HF_KEYS & set(r.data)):
+        value = r.data[key]
+        if value is not None and (problem := number_problem(value)) is not None:
+            raise r.error(key, f"{problem} (or null)")
+    for key in sorted(TOKEN_ID_KEYS & set(r.data)):
+        value = r.data[key]
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and any(number_problem(v, integer=True, ge=0) for v in ids):
+            raise r.error(key, f"must be a token id >= 0, a list of them or null, got {value!r}")
 
 
 def _spec_from_mapping(
@@ -128,6 +183,10 @@ def _spec_from_mapping(
     """Build a ModelSpec from HF config fields (+ catalog meta keys)."""
     r = _Reader(data, source, text)
     model_type, fields = read_fields(r)
+    _check_ignored_numbers(r)
+    inner = data.get("text_config")
+    if isinstance(inner, Mapping):  # a multimodal config's language model
+        _check_ignored_numbers(_Reader(inner, source, text, ("text_config",)))
 
     # Catalog meta keys.
     name = r.str_("name", default=default_name)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchsim.cli import calibrate, listing, pictures, run, studies
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, Interrupted
 
 COMMANDS = (
     "run",
@@ -124,8 +124,12 @@ def _name_set_item(error: ConfigError, args: argparse.Namespace | None) -> Confi
     return name_override(error, overrides)
 
 
-class _Terminated(KeyboardInterrupt):
+class _Terminated(Interrupted):
     """SIGTERM, raised like Ctrl-C so that clean-up code (``finally``) runs."""
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    raise Interrupted  # a KeyboardInterrupt that says it came from the user, not a policy
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -141,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     installed = threading.current_thread() is threading.main_thread()  # else not allowed
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
+    # Ctrl-C as Python raises it, told apart from a KeyboardInterrupt a policy raises (which
+    # is that policy's error); a caller's own SIGINT handler (or SIG_IGN) is left alone
+    sigint = installed and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if sigint:
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         return _main(argv)
     except _Terminated:
@@ -150,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if installed:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        if sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def console_main() -> int:

@@ -25,6 +25,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def output_path(text: str) -> str:
+    """An argparse type: a path to write (``-o``); an empty one is an error, not the default
+    (a script's ``-o "$DIR"`` with ``DIR`` unset must not write elsewhere)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path to write, got {text!r} (empty)")
+    return text
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)

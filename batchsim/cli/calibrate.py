@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchsim.cli.args import positive_int
+from batchsim.cli.args import output_path, positive_int
 from batchsim.dtypes import WEIGHT_DTYPES
 from batchsim.errors import ConfigError
 
@@ -91,7 +91,12 @@ def add_calibrate(sub: argparse._SubParsersAction[Any]) -> None:
         "the default model of the result files",
     )
     p.add_argument(
-        "-o", "--output", required=True, metavar="NEW_PROFILE.yaml", help="profile to write"
+        "-o",
+        "--output",
+        type=output_path,
+        required=True,
+        metavar="NEW_PROFILE.yaml",
+        help="profile to write",
     )
     p.add_argument(
         "--name", metavar="NAME", help="the new profile's name (default: the file's stem)"
@@ -99,9 +104,9 @@ def add_calibrate(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--folds",
         type=positive_int,
-        default=5,
         metavar="K",
-        help="folds of the held-out error (default 5; 1: no held-out error)",
+        help="folds of the held-out error, at most the measured rows (--e2e: files); default "
+        "5, or as many as there are files when fewer; 1: no held-out error",
     )
     p.add_argument(
         "--dtype",
@@ -201,6 +206,29 @@ def print_e2e(fit: E2EFit, out: Any = None) -> None:
         print(f"  {line}", file=out)
 
 
+DEFAULT_FOLDS = 5
+
+
+def _folds(given: int | None, meas: Any, points: list[Any]) -> int:
+    """``--folds``: a fold holds at least one row (an --e2e file), so more folds than rows is
+    an error; the default is 5 (fewer --e2e files: as many folds as files)."""
+    if given is None:
+        return DEFAULT_FOLDS
+    if meas is not None:
+        rows = sum(f.points for f in meas.files)
+        if given > rows:
+            raise ConfigError(
+                f"--folds {given}: more folds than the {rows} measured rows of --ops; give "
+                f"at most {rows}"
+            )
+    if points and given > len(points):
+        raise ConfigError(
+            f"--folds {given}: more folds than the {len(points)} --e2e files; give at most "
+            f"{len(points)} (1: no held-out error)"
+        )
+    return given
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``batchsim calibrate``."""
     from batchsim.calibration.e2e import e2e_range, fit_e2e, read_points
@@ -240,6 +268,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         }
         points = read_points(args.e2e, defaults)
 
+    folds = _folds(args.folds, meas, points)
     print(f"batchsim calibrate: {base.name} -> {name}")
     hw = base
     sources: list[str] = []
@@ -247,7 +276,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     ranges: CalibratedRange | None = None
     values: dict[str, float] = {}
     if meas is not None:
-        result = calibrate_ops(meas, base, folds=args.folds, dtype=args.dtype)
+        result = calibrate_ops(meas, base, folds=folds, dtype=args.dtype)
         for note in result.notes:
             print(f"note: {note}", file=sys.stderr)
         values.update(result.values)
@@ -285,7 +314,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             for note in point.notes:
                 print(f"note: {point.file}: {note}", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="batchsim-calibrate-") as workdir:
-            fit = fit_e2e(points, hw, Path(workdir), folds=args.folds)
+            fit = fit_e2e(points, hw, Path(workdir), folds=folds)
         print_e2e(fit)
         values.update(fit.values)
         hw = with_terms(hw, fit.values)

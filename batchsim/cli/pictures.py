@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from batchsim.cli.args import _seconds
+from batchsim.cli.args import _seconds, output_path
 
 
 def add_plot(sub: argparse._SubParsersAction[Any]) -> None:
@@ -23,7 +23,13 @@ def add_plot(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("kind", choices=list(KINDS), metavar="KIND", help=", ".join(KINDS))
     p.add_argument("dirs", nargs="+", metavar="DIR", help="result folders to draw")
-    p.add_argument("-o", "--output", metavar="FILE", help="figure file (default: DIR/KIND.png)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output_path,
+        metavar="FILE",
+        help="figure file (default: DIR/KIND.png)",
+    )
     p.add_argument(
         "--metric",
         action="append",
@@ -51,7 +57,9 @@ def add_report(sub: argparse._SubParsersAction[Any]) -> None:
         "and, for a study, its table (sortable). No network and no external files.",
     )
     p.add_argument("dir", metavar="DIR", help="a result folder")
-    p.add_argument("-o", "--output", metavar="FILE", help="default: DIR/report.html")
+    p.add_argument(
+        "-o", "--output", type=output_path, metavar="FILE", help="default: DIR/report.html"
+    )
     p.set_defaults(func=_cmd_report)
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batchsim.cli.args import SET_HELP
+from batchsim.cli.args import SET_HELP, output_path
 from batchsim.cli.tables import _fmt
 from batchsim.errors import write_error
 
@@ -29,6 +29,7 @@ def add_run(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "-o",
         "--output",
+        type=output_path,
         metavar="DIR",
         help="output directory (default: runs/NAME, NAME being the experiment's name)",
     )

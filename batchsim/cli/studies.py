@@ -5,11 +5,12 @@ the tables they print."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from batchsim.cli.args import SET_HELP, positive_int
+from batchsim.cli.args import SET_HELP, output_path, positive_int
 from batchsim.cli.tables import _fmt, _table_text
 from batchsim.errors import ConfigError
 
@@ -116,6 +117,7 @@ def _study_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument(
         "-o",
         "--output",
+        type=output_path,
         metavar="DIR",
         help=f"study folder (default: runs/NAME-{kind}); rerunning into it skips finished points",
     )
@@ -171,6 +173,28 @@ def _study_dir(args: argparse.Namespace, source: Any, suffix: str) -> Path:
     return Path("runs") / f"{name or 'experiment'}-{suffix}"
 
 
+def _workers(args: argparse.Namespace, num_parallel: int, what: str) -> int | None:
+    """``--workers``, at most the simulations that can run at once (``num_parallel``): a
+    larger pool would only start idle processes. Says so when it caps the number given; the
+    default (the cores) is capped silently, and stays a pool when it was one (the points run
+    in this process only when asked to or on one core)."""
+    if args.backend != "local":
+        return args.workers
+    if args.workers is None:
+        from batchsim.studies.backends import default_workers
+
+        cores = default_workers()
+        return cores if cores <= 1 else min(cores, max(2, num_parallel))
+    if args.workers <= num_parallel:
+        return args.workers
+    count = max(1, num_parallel)
+    print(
+        f"batchsim: --workers {args.workers} capped at {count}, the {what}",
+        file=sys.stderr,
+    )
+    return count
+
+
 def _progress_mode(args: argparse.Namespace) -> str:
     return "off" if args.quiet else "auto"
 
@@ -188,7 +212,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from batchsim.studies.store import check_study_dir
 
     check_study_dir(out_dir, "sweep")
-    with open_executor(args.backend, args.workers, args.address) as executor:
+    num_points = math.prod(len(axis.values) for axis in axes) * seeds
+    workers = _workers(args, num_points, "points to run" if num_points != 1 else "point to run")
+    with open_executor(args.backend, workers, args.address) as executor:
         result = run_sweep(
             plan,
             executor,
@@ -254,7 +280,10 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from batchsim.studies.store import check_study_dir
 
     check_study_dir(out_dir, "capacity")
-    with open_executor(args.backend, args.workers, args.address) as executor:
+    num_searches = math.prod(len(axis.values) for axis in axes)  # each one rate at a time
+    what = "configurations to search" if num_searches != 1 else "configuration to search"
+    workers = _workers(args, num_searches, what)
+    with open_executor(args.backend, workers, args.address) as executor:
         table = run_capacity(cplan, executor, out_dir=out_dir, progress=_progress_mode(args))
     internal = table.attrs.get("num_internal", 0)
     if len(table) and (table["error"] != "").all() and not internal:

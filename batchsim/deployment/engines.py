@@ -19,7 +19,7 @@ from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.pipeline import PipelineEngine
 from batchsim.engine.prefix_cache import PrefixCachingKVCacheManager
-from batchsim.errors import BatchsimError, PolicyError, describe_exception
+from batchsim.errors import BatchsimError, Interrupted, PolicyError, describe_exception
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.registry import built_in, policy_name
 from batchsim.scheduler.speculation import Speculator
@@ -39,9 +39,9 @@ def make_policy(
     :class:`Scheduler` declares a value of another type, ``max_num_seqs = 8.0`` say)."""
     try:
         return policy_cls(config.scheduler, kv, window=window, max_model_len=max_len)
-    except BatchsimError:
+    except (BatchsimError, Interrupted):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt of its own: its error too
         if built_in(policy_cls):
             raise
         raise PolicyError(

@@ -7,7 +7,8 @@ reads the requests its router sent it from its :class:`Link`, which also orders 
 among the cluster's events of the same instant (:mod:`batchsim.cluster.dispatch`). A later
 source (requests from a live client, say) needs only what :class:`Arrivals` declares.
 
-This module imports only the request and the workload's table.
+This module imports only the request, the workload's table and the foundation's bound of
+simulated time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from batchsim.engine.request import Request, RequestStatus
+from batchsim.errors import ConfigError
+from batchsim.validation import MAX_SECONDS
 from batchsim.workload.generation import RequestTable
 
 if TYPE_CHECKING:
@@ -211,7 +214,7 @@ class ArrivalSource:
             return
         think = self.table.think_time
         delay = float(think[self.next_index]) if think is not None else 0.0
-        heapq.heappush(self._heap, (now + delay, self.next_index, request.user_id))
+        self._push(now + delay, self.next_index, request.user_id)
         self.next_index += 1
 
     def _turn_left(self, request: Request, now: float) -> None:
@@ -225,7 +228,19 @@ class ArrivalSource:
                 return
             index = int(self._starts[self.next_index])
             self.next_index += 1
-        heapq.heappush(self._heap, (now + float(think[index]), index, request.user_id))
+        self._push(now + float(think[index]), index, request.user_id)
+
+    def _push(self, time: float, index: int, user: int) -> None:
+        """A request sent after a think time, or an error past the bound of simulated time
+        (the check before the run bounds what the think times alone add up to; this one
+        what they add to the service times)."""
+        if time > MAX_SECONDS:
+            raise ConfigError(
+                f"workload.think_time_ms: request {index} would arrive at {time:.10g} s, more "
+                f"than the limit of {MAX_SECONDS:g} s of simulated time; set a lower think "
+                "time or fewer num_requests"
+            )
+        heapq.heappush(self._heap, (time, index, user))
 
     def _make(self, index: int, time: float, user: int) -> Request:
         table = self.table

@@ -49,7 +49,9 @@ Rules, each tested:
   disaggregated cluster hands a finished prompt to its link instead of logging it, and a
   decode instance queues the requests whose KV arrived (:mod:`batchsim.cluster.handoff`).
 - **Progress guard.** A policy written elsewhere (``package.module:Class``) is checked at
-  every call: an exception it raises, an iteration that schedules a request that is not
+  every call: anything it raises (any ``BaseException``: ``SystemExit`` and a
+  ``KeyboardInterrupt`` of its own too; the command line's Ctrl-C is the user's), a
+  ``policy_max_repeat()`` below 1, an iteration that schedules a request that is not
   running, more tokens than a request has, a count below 1 or tokens without KV blocks, a
   timer that does not lie in the future, waiting forever while holding requests, or a
   million iterations without a sampled token stop the run with a :class:`PolicyError`
@@ -79,7 +81,7 @@ from batchsim.engine.repeat import repeat_limit, stretches_allowed
 from batchsim.engine.request import Request
 from batchsim.engine.speculative_drain import SpeculativeDrain
 from batchsim.engine.stretch import StretchRunner, run_row
-from batchsim.errors import BatchsimError, PolicyError, describe_exception
+from batchsim.errors import BatchsimError, Interrupted, PolicyError, describe_exception
 from batchsim.metrics.iterations import TIME_EPS, IterationLog
 from batchsim.metrics.requests import RequestLog
 from batchsim.metrics.slots import SlotLog
@@ -433,7 +435,12 @@ class Engine:
             idle_wakeups = stalled = 0
             if graph_max:
                 output.shape = cuda_graph_padded(output.shape, graph_max)
-            num_steps = repeat_limit(scheduler, output) if self.fast_forward else 1
+            if not self.fast_forward:
+                num_steps = 1
+            elif guarded:  # (it asks the policy's policy_max_repeat())
+                num_steps = self._call("policy_max_repeat", repeat_limit, scheduler, output)
+            else:
+                num_steps = repeat_limit(scheduler, output)
             if num_steps > 1 and self.limit_repeat is not None:
                 num_steps = self.limit_repeat(num_steps)
             if num_steps > 1 and output.num_prefill_seqs and self.slot_log is not None:
@@ -543,9 +550,9 @@ class Engine:
             return method(*args)
         try:
             return method(*args)
-        except BatchsimError:
+        except (BatchsimError, Interrupted):  # batchsim's own errors; the user's Ctrl-C
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit(0), KeyboardInterrupt, ...: the policy's
             raise self._broke(f"{what}() raised {describe_exception(exc)}") from None
 
     def _broke(self, rule: str) -> PolicyError:

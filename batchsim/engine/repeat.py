@@ -100,12 +100,12 @@ def policy_max_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
     integers); a policy that returns anything but an integer broke a rule."""
     policy: Any = scheduler  # (its answer is not assumed to be an int, compiled or not)
     most = policy.policy_max_repeat(output)
-    if type(most) is int:
+    if type(most) is int and most >= 1:
         return most
-    if isinstance(most, bool) or not isinstance(most, numbers.Integral):
+    if isinstance(most, bool) or not isinstance(most, numbers.Integral) or most < 1:
         raise PolicyError(
             f"scheduler.policy {policy_name(type(scheduler))}: policy_max_repeat() "
-            f"returned {most!r}; it must return an integer (1: no repeat)"
+            f"returned {most!r}; it must return an integer >= 1 (1: no repeat)"
         )
     return int(most)
 

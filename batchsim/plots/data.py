@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, DamagedFileError
 from batchsim.yamlio import read_mapping
 
 if TYPE_CHECKING:
@@ -40,10 +40,66 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file (a run written with --summary-only has none)")
     try:
-        return pd.read_csv(path, **kwargs)
+        last_row = _last_line(path)
+        cut_at = _count_lines(path) + 1 if last_row is None else 0  # the line cut short
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if last_row is None:
+        raise _cut(path, cut_at)
+    try:
+        table = pd.read_csv(path, **kwargs)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         message = " ".join(str(exc).split())
         raise ConfigError(f"{path}: cannot read it as CSV ({message})") from None
+    if len(table) and last_row != "" and _num_fields(last_row) != len(table.columns):
+        raise _cut(path, len(table) + 1)  # the header is line 1
+    return table
+
+
+def _cut(path: Path, line: int) -> DamagedFileError:
+    return DamagedFileError(
+        "the table ends in the middle of a row (a file cut short?); write it again "
+        "(rerun the command that wrote it)",
+        str(path),
+        line,
+    )
+
+
+def _count_lines(path: Path) -> int:
+    """The newlines of a file."""
+    count = 0
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            count += chunk.count(b"\n")
+    return count
+
+
+_TAIL_BYTES = 1 << 16
+
+
+def _last_line(path: Path) -> str | None:
+    """The last line of a text file ("" when it is longer than the tail read: not checked),
+    or None when the file does not end with a newline (a table batchsim writes ends every
+    row with one: without it, the file was cut short)."""
+    with path.open("rb") as file:
+        size = file.seek(0, 2)
+        start = max(0, size - _TAIL_BYTES)
+        file.seek(start)
+        tail = file.read()
+    if not tail:
+        return ""  # empty: pandas says so
+    if not tail.endswith(b"\n"):
+        return None
+    lines = tail[:-1].rsplit(b"\n", 1)
+    if len(lines) == 1 and start > 0:
+        return ""
+    return lines[-1].decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _num_fields(line: str) -> int:
+    import csv
+
+    return len(next(csv.reader([line]), []))
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 import batchsim.plots as plots
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, DamagedFileError
 from batchsim.plots.report_page import _esc, _Page
 from batchsim.plots.style import DPI
 
@@ -37,6 +37,8 @@ def _add_figures(page: _Page, source: Run | Study) -> None:
         caption = f"<p class=caption>{_esc(plots.KINDS[kind][1])}</p>"
         try:
             fig = draw.plot([source], plots.PlotOptions())
+        except DamagedFileError:
+            raise  # a table cut short is an error of the report, not a note of one figure
         except ConfigError as exc:
             body = f"{caption}\n<p class=note>Not drawn: {_esc(exc)}</p>"
         else:

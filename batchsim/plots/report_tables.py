@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, DamagedFileError
 from batchsim.plots.report_page import _esc, _Page
 
 if TYPE_CHECKING:
@@ -213,6 +213,8 @@ def _cell_text(value: Any) -> str:
 def _study_table(study: Study) -> tuple[pd.DataFrame | None, str]:
     try:
         return study.table, ""
+    except DamagedFileError:
+        raise
     except ConfigError as exc:
         return None, str(exc)
 
@@ -233,6 +235,8 @@ def _add_study_tables(page: _Page, study: Study, table: pd.DataFrame | None, err
     if study.kind == "sweep":
         try:
             stats = study.stats
+        except DamagedFileError:
+            raise
         except ConfigError as exc:
             page.add("stats", "Over seeds", f"<p class=note>{_esc(exc)}</p>")
             return

@@ -27,6 +27,9 @@ A rate is *sustained* when every SLO holds at it and the engine keeps up with it
   5 % fail). Latency SLOs alone would pass an overloaded engine whose run is too short for
   its queue to hurt yet.
 
+A rate too low to simulate (its arrivals would pass the bound of simulated time, 1e9 s)
+ends a search that halves: its ``limited_by`` says so.
+
 Every rate simulated is a point of the study folder (``points/<configuration>,rate=R``), so
 an interrupted search resumes where it stopped; the search is deterministic, so a rerun asks
 for the same rates.
@@ -388,6 +391,13 @@ def run_capacity(
         if outcome.summary is None:
             if not search.tried:  # the configuration itself is bad
                 search.error, search.done = outcome.error, True
+                return
+            if rate < min(t.rate for t in search.tried):
+                # halving found a rate too low to simulate (its arrivals would pass the bound
+                # of simulated time, say): the search ends there, saying why
+                reason = f"too low to simulate: {outcome.error}"
+                search.add(Trial(rate, False, False, reason, math.inf), cplan.rtol)
+                search.done = True
                 return
             trial = Trial(rate, False, True, outcome.error, math.inf)  # too high to simulate
         else:

@@ -148,7 +148,7 @@ def parse_values(spec: Any, label: str) -> list[Any]:
     elif isinstance(spec, str):
         match = _RANGE.fullmatch(spec.strip())
         if match:
-            return _range_values(match[1], match[2], label)
+            return _checked(_range_values(match[1], match[2], label), label, spec.strip())
         text = spec.strip()
         if not text:
             raise ConfigError(f"{label}: no values; {VALUES_HELP}")
@@ -165,6 +165,35 @@ def parse_values(spec: Any, label: str) -> list[Any]:
         raise ConfigError(f"{label}: no values; {VALUES_HELP}")
     if len(values) > MAX_AXIS_VALUES:
         raise ConfigError(f"{label}: {len(values):,} values; an axis may have {MAX_AXIS_VALUES:,}")
+    return _checked(values, label)
+
+
+MAX_CELL_INT = 2**63 - 1
+"""The largest integer a value of an axis may be: a column of the study's tables holds it."""
+
+
+def _checked(values: list[Any], label: str, form: str = "") -> list[Any]:
+    """The values of an axis, each one a number a table cell holds and none twice (two equal
+    values would be two rows of one point folder)."""
+    seen: dict[str, int] = {}
+    given = f" ({form})" if form else ""
+    for i, value in enumerate(values):
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_CELL_INT:
+                shown = f"{item:.3g}" if item.bit_length() < 1000 else f"2**{item.bit_length()}"
+                raise ConfigError(
+                    f"{label}{given}: the value {shown} is beyond the integers a table holds "
+                    "(|value| <= 2**63 - 1); give smaller bounds"
+                )
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{label}{given}: the value {item} is not a finite number")
+        key = json.dumps(value, sort_keys=True, default=repr)
+        if key in seen:
+            raise ConfigError(
+                f"{label}{given}: the value {cell(value)} is given twice (values {seen[key] + 1} "
+                f"and {i + 1}); give each value of an axis once"
+            )
+        seen[key] = i
     return values
 
 
@@ -193,7 +222,7 @@ def zip_axis(group: Mapping[str, Sequence[Any]], origin: str) -> Axis:
     if len(set(lengths.values())) > 1:
         sizes = ", ".join(f"{key} has {n}" for key, n in lengths.items())
         raise ConfigError(f"{origin}: the keys of a zip group need as many values each ({sizes})")
-    return Axis(keys, tuple(zip(*group.values())), origin)
+    return Axis(keys, tuple(_checked(list(zip(*group.values())), origin)), origin)
 
 
 def combine_axes(axes: Sequence[Axis]) -> list[Axis]:

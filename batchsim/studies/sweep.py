@@ -171,9 +171,17 @@ def grid_axes(
 
 def merge_axes(block: Sequence[Axis], given: Sequence[Axis]) -> list[Axis]:
     """The block's axes with those given on the command line (or in Python): a given axis
-    replaces a block axis of the same single key, others are appended."""
+    replaces a block axis of the same single key, others are appended; a key given twice is
+    an error (the second would silently replace the first)."""
     axes = list(block)
+    once: dict[tuple[str, ...], str] = {}
     for axis in given:
+        if axis.keys in once:
+            raise ConfigError(
+                f"{axis.origin} is given twice; give the values of {', '.join(axis.keys)} "
+                "once, comma-separated (1,2,4) or as a range"
+            )
+        once[axis.keys] = axis.origin
         for i, old in enumerate(axes):
             if len(old.keys) == 1 and old.keys == axis.keys:
                 axes[i] = axis

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field
 
 from batchsim.errors import ConfigError
-from batchsim.validation import MAX_REQUESTS, ConfigModel, StrictFloat
+from batchsim.validation import MAX_REQUESTS, MAX_SECONDS, ConfigModel, StrictFloat
 from batchsim.workload.common import PositiveSeconds, Rate, Seconds, _describe_model
 
 #: Backstop while drawing arrivals up to ``duration_s`` alone: the config already bounds the
@@ -53,7 +53,14 @@ class _ArrivalBase(ConfigModel):
         assert n is not None or duration_s is not None, "need num_requests or duration_s"
         if duration_s is None:
             assert n is not None
-            return self._to_wall(np.cumsum(self._gaps(rng, n)))
+            times = self._to_wall(np.cumsum(self._gaps(rng, n)))
+            if len(times) and not times[-1] <= MAX_SECONDS:
+                raise ConfigError(
+                    f"workload.arrival: {self.describe()} puts arrival {len(times)} of "
+                    f"num_requests={n} at {float(times[-1]):.3g} s, more than the limit of "
+                    f"{MAX_SECONDS:g} s; set a higher rate, fewer num_requests or a duration_s"
+                )
+            return times
         expected = self.mean_rate() * duration_s
         if n is None and expected > MAX_GENERATED_REQUESTS:
             raise ConfigError(

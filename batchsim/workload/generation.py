@@ -83,6 +83,25 @@ def _check_drawn(values: np.ndarray, limit: float, key: str, unit: str, advice: 
         )
 
 
+def _check_think_span(think: np.ndarray, cfg: WorkloadConfig, turns: np.ndarray | None) -> None:
+    """A closed loop whose users would think past MAX_SECONDS is an error before it runs.
+
+    Every request but each user's first is sent a think time after its previous one left, so
+    the busiest user's last request comes at least (the sum of those think times) / users after
+    t = 0, however the requests fall to the users.
+    """
+    assert cfg.concurrency is not None
+    starts = np.arange(len(think)) if turns is None else np.cumsum(turns) - turns
+    waiting = float(think.sum() - think[starts[: cfg.concurrency]].sum())
+    span = waiting / min(cfg.concurrency, len(starts))
+    if span > MAX_SECONDS:
+        raise ConfigError(
+            f"workload.think_time_ms: {len(think)} requests of {cfg.concurrency} users think "
+            f"{span:.3g} s each user on average, more than the limit of {MAX_SECONDS:g} s of "
+            "simulated time; set a lower think time or fewer num_requests"
+        )
+
+
 def _child_rngs(seed: int) -> dict[str, np.random.Generator]:
     # New streams go at the end: a child's draws depend only on its position.
     names = ("arrival", "prompt", "output", "cancel", "think", "prefix_tokens", "prefix", "turns")
@@ -189,6 +208,8 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
             think_ms = cfg.think_time_ms.sample(rngs["think"], n)
             _check_drawn(think_ms, MAX_MS, "workload.think_time_ms", "ms", "mean or sigma")
             think = think_ms / 1000.0
+            if closed:
+                _check_think_span(think, cfg, turns)
         else:
             think = np.zeros(n)
     return RequestTable(
@@ -205,13 +226,25 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path | None = None) -> Re
 
 def trace_notes(cfg: WorkloadConfig, base_dir: Path | None = None) -> list[str]:
     """What the user should know about the trace ``cfg`` replays: the rows left out (BurstGPT
-    rows with 0 response or request tokens), one line each; empty without a trace. Reads the
+    rows with 0 response or request tokens) and, with ``arrival`` or ``concurrency``, that
+    its arrival times are not used; one line each, empty without a trace. Reads the
     trace as :func:`generate` does (a cache hit after it)."""
     if cfg.trace is None:
         return []
     trace = load_trace(cfg.trace, base_dir, limit=cfg.num_requests)
     note = skipped_note(trace, cfg.trace.path)
-    return [note] if note is not None else []
+    notes = [note] if note is not None else []
+    if trace.arrival_time is not None and (cfg.arrival is not None or cfg.concurrency is not None):
+        times = (
+            f"workload.arrival ({cfg.arrival.describe()}) draws them"
+            if cfg.arrival is not None
+            else f"the closed loop of workload.concurrency={cfg.concurrency} decides them"
+        )
+        notes.append(
+            f"the arrival times of trace {cfg.trace.path} are not used: {times}; the trace "
+            "gives the token counts"
+        )
+    return notes
 
 
 def _draw_turns(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None) -> np.ndarray:

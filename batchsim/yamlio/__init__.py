@@ -13,11 +13,12 @@ naming the file (and the line, where there is one):
   values, both counted after expanding YAML aliases (a "billion laughs" document is refused
   before anything expands it); no alias inside its own anchor; mapping keys are strings and
   appear once per mapping; only the standard tags (``!!str``, ``!!int``, ``!!float``,
-  ``!!bool``, ``!!null``, ``!!seq``, ``!!map``) and merge keys (``<<``).
+  ``!!bool``, ``!!null``, ``!!seq``, ``!!map``). YAML 1.1's merge keys (``<<``) are errors.
 - **Scalars** follow the YAML 1.2 core schema: ``true``/``false`` are booleans (``yes``,
   ``no``, ``on``, ``off`` are strings), ``8e1``, ``1e3`` and ``.5e-1`` are numbers (PyYAML's
   YAML 1.1 rules read them as strings), ``012`` is twelve, ``0x1f`` and ``0o17`` are integers,
-  ``_`` may separate digits, there are no timestamps. Every number must be finite:
+  there are no timestamps, and ``1:30`` is a string (not YAML 1.1's sexagesimal 90). YAML
+  1.1's digit separators (``1_000``) are errors naming the line. Every number must be finite:
   ``.nan``, ``.inf``, JSON ``NaN``/``Infinity`` and overflowing literals like ``1e400`` are
   errors naming the key path.
 

@@ -199,6 +199,12 @@ def _check_nodes(root: Node) -> None:
                     shown = _short(key.value, quote=False) if key.id == "scalar" else f"a {key.id}"
                     where = f"{path}: " if path else ""
                     raise _Problem(f"{where}mapping keys must be strings, got {shown}", _line(key))
+                if key.tag == _MERGE:
+                    raise _Problem(
+                        f"{path + ': ' if path else ''}merge keys (<<) are YAML 1.1, which "
+                        "batchsim does not read (it reads YAML 1.2): write the keys out",
+                        _line(key),
+                    )
                 if key.tag == _STR:
                     if key.value in keys:
                         raise _Problem(
@@ -228,6 +234,12 @@ def _check_scalar(node: ScalarNode, path: str) -> None:
         word = _SCALAR_WORDS[tag]
         raise _Problem(
             f"{path or 'value'}: {_short(node.value)} tagged {_tag(tag)} is not {word}",
+            _line(node),
+        )
+    if tag in (_INT, _FLOAT) and "_" in node.value:
+        raise _Problem(
+            f"{path or 'value'}: {_short(node.value)}: digit separators (_) are YAML 1.1, which "
+            f"batchsim does not read (it reads YAML 1.2): write {node.value.replace('_', '')}",
             _line(node),
         )
     if tag == _INT and len(node.value) > _MAX_INT_CHARS:

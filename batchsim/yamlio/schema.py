@@ -1,6 +1,9 @@
 """The YAML 1.2 core schema of batchsim's YAML: which plain scalars are booleans, nulls,
-integers and floats (``_`` may separate digits; no YAML 1.1 ``yes``/``no``, no timestamps), as
-patterns, as the resolver that tags them, and as the conversions to Python numbers. The reader
+integers and floats (no YAML 1.1 ``yes``/``no``, no timestamps), as patterns, as the resolver
+that tags them, and as the conversions to Python numbers. The patterns also match YAML 1.1's
+``_`` digit separators and the resolver tags ``<<`` merge keys, so that the reader can refuse
+them by name (a number with ``_`` would otherwise read as a string) and the dumper quotes
+such strings. The reader
 (:mod:`~batchsim.yamlio.reading`) and the dumper (:func:`~batchsim.yamlio.plain.dump`) share it,
 so that what is written reads back as the same data.
 """
@@ -50,7 +53,8 @@ def _to_float(text: str) -> float:
 
 
 class _Resolver(BaseResolver):
-    """YAML 1.2 core schema scalars (plus ``_`` digit separators and ``<<`` merge keys)."""
+    """YAML 1.2 core schema scalars (plus ``_`` digit separators and ``<<`` merge keys, which
+    the reader refuses)."""
 
 
 # Own tables, so PyYAML's YAML 1.1 resolvers (yes/no booleans, 1.1 floats, timestamps) are gone.
