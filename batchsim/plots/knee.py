@@ -75,7 +75,7 @@ ROOF_GREYS = ("0.15", "0.45", "0.65")
 
 def latency_metrics() -> tuple[str, ...]:
     """The summary latency metrics the right axis may show (those a capacity SLO may bound)."""
-    from batchsim.studies.capacity import SUMMARY_SLOS
+    from batchsim.studies.slo import SUMMARY_SLOS
 
     return SUMMARY_SLOS
 
