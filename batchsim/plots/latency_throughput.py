@@ -25,6 +25,7 @@ from batchsim.plots.style import (
     legend_columns,
     new_figure,
     series_styles,
+    suptitle,
     tick_text,
 )
 
@@ -289,7 +290,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         frameon=False,
     )
     load = ", ".join(keys)
-    fig.suptitle(
-        f"Latency vs achieved throughput as {load} varies\n{describe_study(config, study.varied)}"
+    suptitle(
+        fig,
+        f"Latency vs achieved throughput as {load} varies\n{describe_study(config, study.varied)}",
     )
     return fig
