@@ -63,6 +63,9 @@ MAX_DOUBLINGS = 10
 """How far the bracket search goes from the experiment's rate: up to x or / 2**10."""
 DEFAULT_RTOL = 0.02
 DEFAULT_MAX_QUEUE_GROWTH = 0.05
+SEARCH_PROGRESS = "capacity search, rates simulated"
+"""How the progress of a search names what it counts (how many rates it takes is not known
+beforehand)."""
 
 
 def parse_slo(items: Mapping[str, Any] | list[str], attainment: float | None) -> dict[str, float]:
@@ -344,7 +347,9 @@ def run_capacity(
         check_study_dir(out_dir, plan.kind)
         store = PointStore(out_dir, FileDigests())
         write_marker(plan, out_dir, len(searches))
-    runner = Runner(executor, store, write_csv=False, progress=Progress("capacity", progress))
+    runner = Runner(
+        executor, store, write_csv=False, progress=Progress(SEARCH_PROGRESS, progress, search=True)
+    )
     labels: set[str] = set()
 
     def submit(search: Search) -> None:
