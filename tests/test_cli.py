@@ -1104,3 +1104,20 @@ def test_capacity_progress_counts_the_rates_of_a_search_without_a_total(tmp_path
     assert len(lines) >= 3
     for count, line in enumerate(lines, 1):
         assert line.startswith(f"batchsim: capacity search, rates simulated: {count} so far; ")
+
+
+def test_list_experiments_shows_every_shipped_experiment_with_its_purpose(capsys):
+    from batchsim.catalog import catalog_dir
+
+    assert cli.main(["list", "experiments"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split() == ["experiment", "command", "what", "it", "shows"]
+    rows = {line.split()[0]: line.split(None, 2) for line in printed[1:] if line.strip()}
+    for path in sorted(catalog_dir("experiments").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert data.get("description"), f"{path.name}: no description: line"
+        _, command, what = rows[path.stem]
+        assert what == data["description"]
+        assert command in (("run",) if "sweep" not in data else ("sweep", "capacity"))
+    assert rows["quickstart"][1] == "run" and rows["knee-llama2-7b-a100"][1] == "sweep"
+    assert rows["capacity-policies"][1] == "capacity"
