@@ -168,3 +168,32 @@ def test_sweep_of_max_wait_ms_from_0_to_400_spreads_its_values_evenly(tmp_path):
     gaps = np.diff(where)
     assert gaps[1:] == pytest.approx([gaps[1]] * 4, rel=1e-6)
     assert gaps[0] == pytest.approx(gaps[1], rel=1e-6)  # 0 sits one step below 25
+
+
+def load_script(relative: str) -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_figures_replaces_a_png_only_when_its_pixels_change(tmp_path):
+    from batchsim.plots.style import save
+
+    figures = load_script("docs/figures.py")
+    fig, ax = new_figure()
+    ax.plot([0, 1], [0, 1])
+    first = save(fig, tmp_path / "a.png")
+    # the same pixels in other bytes (another encoder's metadata): the same picture
+    fig.savefig(tmp_path / "b.png", dpi=150, metadata={"Software": "another"})
+    assert first.read_bytes() != (tmp_path / "b.png").read_bytes()
+    assert figures.same_picture(first, tmp_path / "b.png")
+    ax.plot([0, 1], [1, 0])
+    assert not figures.same_picture(first, save(fig, tmp_path / "c.png"))
+    assert not figures.same_picture(first, tmp_path / "missing.png")
+    # the same figure drawn twice: the same bytes (no date, no version in the file)
+    assert save(fig, tmp_path / "d.png").read_bytes() == (tmp_path / "c.png").read_bytes()
