@@ -197,3 +197,19 @@ def test_docs_figures_replaces_a_png_only_when_its_pixels_change(tmp_path):
     assert not figures.same_picture(first, tmp_path / "missing.png")
     # the same figure drawn twice: the same bytes (no date, no version in the file)
     assert save(fig, tmp_path / "d.png").read_bytes() == (tmp_path / "c.png").read_bytes()
+
+
+def test_latency_throughput_load_labels_stay_inside_their_panels(tmp_path):
+    grid = {"workload.arrival.rate": [1.0, 4.0, 16.0], "hardware": GPUS[:2]}
+    exp = tiny_experiment(workload={"num_requests": 24})
+    batchsim.sweep(exp, grid, executor=InlineExecutor(), out_dir=tmp_path / "load")
+    fig = figure("latency-throughput", [tmp_path / "load"])
+    fig.canvas.draw()
+    for ax in fig.axes:
+        box = ax.get_window_extent()
+        labels = [t for t in ax.texts if t.get_text() in ("1", "4", "16")]
+        assert labels
+        for text in labels:
+            extent = text.get_window_extent()
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1 + 1, text.get_text()
+            assert box.y0 <= extent.y0 and extent.y1 <= box.y1 + 1, text.get_text()
