@@ -3,7 +3,9 @@
 A detailed report over :mod:`batchsim.calibration` (the package reads the measurements,
 prices them and fits the terms; ``batchsim calibrate`` is the command for a new GPU). Reads
 the CSVs of ``../shared/reference/measured/`` (relative to the repository root; ``--data DIR``
-overrides) and prints, per point and in summary (median / p90 absolute % error):
+overrides; without either, the rows of it this repository ships in
+``tests/data/vidur_a100_sample/``, with a note) and prints, per point and in summary
+(median / p90 absolute % error):
 
 * per-layer token-wise ops of Llama-2-7B, Llama-3-8B and Llama-2-70B at TP 1/2/4/8:
   ``qkv_proj`` = attn_pre_proj, ``o_proj`` = attn_post_proj,
@@ -55,6 +57,9 @@ from batchsim.cost.comm import ring_all_reduce_time
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "reference" / "measured"
+SAMPLE_DATA = REPO / "tests" / "data" / "vidur_a100_sample"
+"""The rows of Vidur's data this repository ships (attribution and licence beside them): what
+the script reads when the full data is not beside the checkout."""
 KNEE = (64, 512)
 GROUPS = {
     "qkv_proj": (["attn_pre_proj"], ["qkv_proj"]),
@@ -231,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data",
         type=Path,
-        default=DEFAULT_DATA,
-        help=f"directory of the measured CSVs (default: {DEFAULT_DATA})",
+        help="directory of the measured CSVs (default: ../shared/reference/measured from the "
+        "repository root, else the sample in tests/data/vidur_a100_sample)",
     )
     parser.add_argument("--hardware", default="a100-80gb", help="profile to evaluate")
     parser.add_argument("--fit", action="store_true", help="re-derive the default efficiencies")
@@ -243,6 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--csv", type=Path, help="write every layer-op point to this CSV")
     args = parser.parse_args(argv)
+    if args.data is None:
+        args.data = DEFAULT_DATA if DEFAULT_DATA.is_dir() else SAMPLE_DATA
+        if args.data == SAMPLE_DATA:
+            print(
+                "note: no ../shared/reference/measured beside the repository: reading the "
+                "sample in tests/data/vidur_a100_sample (a few rows of Vidur's A100 data; "
+                "--data DIR for the full set)",
+                file=sys.stderr,
+            )
     if not args.data.is_dir():
         parser.error(f"--data: no such directory: {args.data}")
     hw = load_hardware(args.hardware)

@@ -4,11 +4,15 @@
 
 Every figure is made by batchsim's own commands (``batchsim sweep``, ``capacity``, ``run``
 and ``plot``) in a temporary folder; nothing is drawn by hand. It takes about half a minute
-on two cores. The simulator is deterministic, so rerunning it reproduces the same figures.
+on two cores. The simulator is deterministic and the figures carry no date or version, so
+rerunning it draws the same pictures: a file of ``docs/figures`` is replaced only when its
+pixels differ from the new drawing (another matplotlib or zlib may encode the same pixels in
+other bytes; such a file is left alone, so the checkout stays clean).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -88,17 +92,37 @@ def steps(work: Path) -> list[tuple[str, list[list[str]]]]:
     ]  # fmt: skip
 
 
+def same_picture(a: Path, b: Path) -> bool:
+    """Whether two PNG files hold the same pixels (their bytes may differ: another zlib or
+    matplotlib version compresses the same picture differently)."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    if not (a.is_file() and b.is_file()):
+        return False
+    first, second = imread(a), imread(b)
+    return first.shape == second.shape and bool(np.array_equal(first, second))
+
+
 def build() -> int:
+    """Draw every figure; replace a file of docs/figures only where its picture changed."""
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name, commands in steps(Path(tmp)):
+            drawn = Path(tmp) / name
             for argv in commands:
                 if argv[0] == "plot":
-                    argv = [*argv, "-o", str(OUT / name)]
+                    argv = [*argv, "-o", str(drawn)]
                 code = main(argv)
                 if code:
                     print(f"figures: batchsim {' '.join(argv)} exited {code}", file=sys.stderr)
                     return code
+            target = OUT / name
+            if same_picture(drawn, target):
+                print(f"figures: {target.relative_to(REPO)} unchanged")
+            else:
+                shutil.copyfile(drawn, target)
+                print(f"figures: {target.relative_to(REPO)} rewritten (its picture changed)")
     return 0
 
 

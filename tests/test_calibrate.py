@@ -709,3 +709,21 @@ def test_bad_end_to_end_inputs_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and expected in err[0], err
     assert not out.exists()
+
+
+def test_the_a100_benchmark_reads_the_shipped_sample_without_the_full_data(
+    tmp_path, monkeypatch, capsys
+):
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate_a100.py"
+    spec = importlib.util.spec_from_file_location("calibrate_a100", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "DEFAULT_DATA", tmp_path / "absent")
+    assert script.SAMPLE_DATA == SAMPLE
+    assert script.main([]) == 0
+    printed = capsys.readouterr()
+    assert printed.err.count("\n") == 1 and "tests/data/vidur_a100_sample" in printed.err
+    assert "Attention kernel" in printed.out

@@ -1005,3 +1005,119 @@ def test_list_frameworks_prints_each_presets_cpu_time_as_its_file_says(capsys):
     for name in ("lmdeploy", "vllm-v0"):
         engine = yaml.safe_load((root / f"{name}.yaml").read_text(encoding="utf-8"))["engine"]
         assert float(lines[name][2]) == engine["cpu_overhead_per_seq_ms"]
+
+
+# ------------------------------------------------------------------- what the summary says
+
+
+def tiny_yaml(path: Path, **overrides: Any) -> Path:
+    from conftest import tiny_experiment
+
+    return write(path, yaml.safe_dump(tiny_experiment(**overrides)))
+
+
+def test_an_overloaded_run_warns_that_its_queue_grows_by_the_ratio_of_the_rates(tmp_path, capsys):
+    # 400 req/s of 8-request batches: arrivals far outpace service
+    exp = tiny_yaml(
+        tmp_path / "e.yaml",
+        scheduler={"policy": "continuous", "max_num_seqs": 8},
+        workload={"num_requests": 200, "arrival": {"process": "poisson", "rate": 400.0}},
+    )
+    assert cli.main(["run", str(exp), "-o", str(tmp_path / "out")]) == 0
+    growth = read_summary(tmp_path / "out")["queue_delay_growth"]
+    assert growth > 0.5
+    # a FIFO queue fed rho times faster than it is served: delay grows rho - 1 s per s
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "warning" in ln)
+    assert f"queue grows: arrivals ≈ {1 + growth:.2f}× what the engine serves" in line
+    assert f"queue_delay_growth {growth:.2f} s/s" in line
+
+
+def test_a_run_that_keeps_up_prints_no_queue_warning(tmp_path, capsys):
+    exp = tiny_yaml(tmp_path / "e.yaml")
+    assert cli.main(["run", str(exp), "-o", str(tmp_path / "out")]) == 0
+    assert read_summary(tmp_path / "out")["queue_delay_growth"] < 0.05
+    assert "queue grows" not in capsys.readouterr().out
+
+
+def test_the_summary_says_why_requests_were_rejected_with_their_counts(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    rows = "0,64,4\n0.1,900,4\n0.2,700,4\n0.3,800,4\n"
+    write(tmp_path / "trace.csv", "arrival_time,prompt_tokens,output_tokens\n" + rows)
+    write(tmp_path / "exp.yaml", TRACE_EXPERIMENT + "engine: {num_gpu_blocks: 16}\n")
+    assert cli.main(["run", "exp.yaml", "-o", "out"]) == 0
+    with open(tmp_path / "out" / "requests.csv", newline="", encoding="utf-8") as f:
+        rejected = [row for row in csv.DictReader(f) if row["status"] == "rejected"]
+    assert len(rejected) == 3
+    printed = capsys.readouterr().out
+    assert "3 rejected" in printed
+    lines = [
+        ln.split(None, 1)[1] for ln in printed.splitlines() if ln.strip().startswith("rejected")
+    ]
+    # one line for the three: their block counts as a range, the cache's capacity once
+    assert len(lines) == 1 and lines[0].startswith("3 × needs ")
+    needs = sorted(int(r["reject_reason"].split()[1]) for r in rejected)
+    assert f"needs {needs[0]}-{needs[-1]} KV blocks > KV cache capacity" in lines[0]
+
+
+def test_reject_reasons_group_by_reason_most_first():
+    from batchsim.cli.run import reject_reasons
+
+    columns = {
+        "status": ["rejected", "finished", "rejected", "rejected", "rejected"],
+        "reject_reason": [
+            "needs 40 KV blocks > KV cache capacity 30",
+            "",
+            "prompt+output 5000 tokens > engine.max_model_len 4096",
+            "needs 35 KV blocks > KV cache capacity 30",
+            "needs 40 KV blocks > KV cache capacity 30",
+        ],
+    }
+    assert reject_reasons(columns) == [
+        ("needs 35-40 KV blocks > KV cache capacity 30", 3),
+        ("prompt+output 5000 tokens > engine.max_model_len 4096", 1),
+    ]
+
+
+def test_latencies_of_10_s_and_more_print_in_seconds(tmp_path, capsys):
+    exp = tiny_yaml(
+        tmp_path / "e.yaml",
+        scheduler={"policy": "continuous", "max_num_seqs": 1},
+        workload={"num_requests": 200, "arrival": {"process": "all_at_once"}},
+    )
+    assert cli.main(["run", str(exp), "-o", str(tmp_path / "out")]) == 0
+    summary = read_summary(tmp_path / "out")
+    assert summary["p99_ttft_ms"] > 10_000 and summary["p99_tpot_ms"] < 10_000
+    rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.strip()}
+    assert rows["TTFT"].endswith(" s") and f"{summary['p99_ttft_ms'] / 1e3:,.2f}" in rows["TTFT"]
+    assert rows["TPOT"].endswith(" ms")
+    assert all(len(cell.strip().replace(",", "").split(".")[0]) <= 4 for cell in
+               rows["TTFT"].split(None, 1)[1].removesuffix(" s").split("/"))  # fmt: skip
+
+
+def test_capacity_progress_counts_the_rates_of_a_search_without_a_total(tmp_path, capsys):
+    exp = tiny_yaml(tmp_path / "e.yaml", workload={"num_requests": 24})
+    argv = ["capacity", str(exp), "-o", str(tmp_path / "c"), "--workers", "1"]
+    assert cli.main([*argv, "--slo", "p99_ttft_ms=2000"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("batchsim:")]
+    assert len(lines) >= 3
+    for count, line in enumerate(lines, 1):
+        assert line.startswith(f"batchsim: capacity search, rates simulated: {count} so far; ")
+
+
+def test_list_experiments_shows_every_shipped_experiment_with_its_purpose(capsys):
+    from batchsim.catalog import catalog_dir
+
+    assert cli.main(["list", "experiments"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split() == ["experiment", "command", "what", "it", "shows"]
+    rows = {line.split()[0]: line.split(None, 2) for line in printed[1:] if line.strip()}
+    for path in sorted(catalog_dir("experiments").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert data.get("description"), f"{path.name}: no description: line"
+        _, command, what = rows[path.stem]
+        assert what == data["description"]
+        assert command in (("run",) if "sweep" not in data else ("sweep", "capacity"))
+    assert rows["quickstart"][1] == "run" and rows["knee-llama2-7b-a100"][1] == "sweep"
+    assert rows["capacity-policies"][1] == "capacity"

@@ -67,17 +67,22 @@ def test_cli_writes_png(sweep_dir, tmp_path):
     assert out.stat().st_size > 5_000
 
 
-def test_lines_of_one_unvaried_policy_take_its_colour_and_differ_by_marker(sweep_dir):
-    """The sweep does not vary the policy (dynamic): both lines are dynamic's colour (the
-    second a lighter tint of it), told apart by marker and line style."""
-    from batchsim.plots.style import POLICY_COLORS
+def test_lines_of_one_unvaried_policy_take_distinct_hues_and_markers(sweep_dir):
+    """The sweep does not vary the policy (dynamic): its colour tells no line apart, so the
+    first line keeps it and the other takes another hue of the palette (not a tint of it),
+    with its own marker and line style."""
+    from batchsim.plots.style import OKABE_ITO, POLICY_COLORS
 
     fig = figure("sweep", [sweep_dir])
     lines = [container.lines[0] for container in fig.axes[0].containers]
-    tints = [tint_of(line.get_color(), POLICY_COLORS["dynamic"]) for line in lines]
-    assert tints[0] == 0 and tints[1] == pytest.approx(0.275, abs=0.01)  # half of 0.55
+    assert len(lines) == 2
+    assert lines[0].get_color() == POLICY_COLORS["dynamic"]
+    assert lines[1].get_color() in OKABE_ITO
+    assert tint_of(lines[1].get_color(), POLICY_COLORS["dynamic"]) is None
     assert len({line.get_marker() for line in lines}) == 2
     assert len({line.get_linestyle() for line in lines}) == 2
+    # the first line is drawn wider: the second, drawn over it, leaves it visible
+    assert lines[0].get_linewidth() > lines[1].get_linewidth()
     assert "dynamic" in fig._suptitle.get_text()
 
 

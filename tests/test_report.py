@@ -293,6 +293,40 @@ def test_large_figure_is_embedded_as_png(run_dir, tmp_path, fake_kinds, monkeypa
     _assert_self_contained(page)
 
 
+def test_figure_estimated_too_large_for_svg_is_drawn_once_as_png(monkeypatch):
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    ax = fig.subplots()
+    ax.bar(range(20_000), 1.0)  # 20,000 boxes: a long run's timeline
+    assert report_figures.svg_chars_estimate(fig) > report_figures.SVG_MAX_CHARS
+    formats = []
+    original = Figure.savefig
+
+    def spy(self: Figure, fname: Any, **kwargs: Any) -> None:
+        formats.append(kwargs.get("format"))
+        original(self, fname, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    html = report_figures._embed(fig, "f0-", "timeline")
+    assert html.startswith('<img alt="timeline figure" src="data:image/png;base64,')
+    assert formats == ["png"]
+
+
+def test_svg_estimate_of_a_small_figure_is_within_a_factor_of_its_svg():
+    import io
+
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    ax = fig.subplots()
+    ax.plot(np.random.default_rng(0).random(5000))  # a jagged line: nothing to simplify
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg")
+    estimate = report_figures.svg_chars_estimate(fig)
+    assert len(buffer.getvalue()) / 3 < estimate < len(buffer.getvalue()) * 1.5
+
+
 def test_sweep_report_tables(sweep_dir, tmp_path, fake_kinds):
     page = write_report(sweep_dir, tmp_path / "r.html").read_text()
     assert "Sweep tiny" in page

@@ -106,6 +106,27 @@ def test_run_loads_no_plotting_statistics_progress_or_ray(tmp_path):
     assert "batchsim.studies.sweep" not in out["modules"]
 
 
+def test_plot_and_report_of_a_sweep_load_no_experiment_schema_or_simulator(tmp_path):
+    import batchsim
+    from batchsim.studies.backends import InlineExecutor
+    from conftest import tiny_experiment
+
+    grid = {"scheduler.max_num_seqs": [2, 4], "scheduler.policy": ["static", "continuous"]}
+    small = tiny_experiment(workload={"num_requests": 8})
+    batchsim.sweep(small, grid, executor=InlineExecutor(), out_dir=tmp_path / "sweep")
+    for argv in (
+        ["plot", "sweep", str(tmp_path / "sweep"), "-o", str(tmp_path / "s.png")],
+        ["plot", "knee", str(tmp_path / "sweep"), "-o", str(tmp_path / "k.png")],
+        ["report", str(tmp_path / "sweep"), "-o", str(tmp_path / "r.html")],
+    ):
+        out = loaded_after(main_then_modules(argv), tmp_path)
+        assert out["code"] == 0, out["stderr"]
+        loaded = set(out["modules"])
+        # figures read saved files: no experiment schema, no simulation
+        assert not loaded & {"batchsim.config", "batchsim.simulation", "batchsim.studies.sweep"}
+        assert "simpy" not in top_level(out["modules"])
+
+
 def test_the_api_names_load_on_first_use_and_are_the_objects_of_their_modules(tmp_path):
     out = loaded_after(
         """

@@ -235,7 +235,10 @@ def test_sweep_block_in_the_yaml_and_cli_axes_that_replace_it(tmp_path, capsys):
         ["sweep", str(path), "-o", str(out), "--workers", "1", "-q",
          "--grid", "scheduler.max_num_seqs=2"]
     )  # fmt: skip
-    assert code == 0 and capsys.readouterr().out == ""
+    printed = capsys.readouterr()
+    # -q drops the progress, not the table
+    assert code == 0 and "batchsim sweep: 2 points" in printed.out
+    assert "max_num_seqs" in printed.out and "batchsim: sweep" not in printed.err
     csv = pd.read_csv(out / "sweep.csv")
     assert list(csv["scheduler.max_num_seqs"]) == [2, 2]
     # batchsim run ignores the block and runs the base experiment

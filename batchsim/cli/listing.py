@@ -1,5 +1,5 @@
 """``batchsim list``: the built-in hardware profiles, models, framework presets, batching
-policies and workloads."""
+policies, workloads and experiments."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from typing import Any
 
 from batchsim.cli.tables import _print_rows
 
-LIST_KINDS = ("hardware", "models", "frameworks", "policies", "workloads")
+LIST_KINDS = ("hardware", "models", "frameworks", "policies", "workloads", "experiments")
 
 
 def add_list(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the ``list`` command to ``sub``."""
     p = sub.add_parser(
         "list",
-        help="list built-in hardware, models, policies or workloads",
-        description="List the built-in hardware profiles, models, batching policies or "
-        "workloads (with trace samples, arrival processes and distributions).",
+        help="list built-in hardware, models, policies, workloads or experiments",
+        description="List the built-in hardware profiles, models, batching policies, "
+        "workloads (with trace samples, arrival processes and distributions) or experiments "
+        "(with the command that runs each and what it shows).",
     )
     p.add_argument("kind", choices=LIST_KINDS, help="what to list: " + ", ".join(LIST_KINDS))
     p.set_defaults(func=_cmd_list)
@@ -57,6 +58,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
             "\nout-of-tree: scheduler.policy: package.module:Class "
             "(a batchsim.scheduler.Scheduler subclass)"
         )
+    elif args.kind == "experiments":
+        _print_rows(experiment_table())
+        print(
+            "\nrun one by name (batchsim run quickstart) or by file; the comments at the top "
+            "of each file say what to compare"
+        )
     else:
         from batchsim.workload import workload_table
 
@@ -86,3 +93,24 @@ def _cmd_list(args: argparse.Namespace) -> int:
                     print(f"  {'':<32}   {r['parameters']}")
             print()
     return 0
+
+
+def experiment_table() -> list[dict[str, str]]:
+    """The shipped experiments: name, the command that runs them (``run``; for a file with a
+    ``sweep:`` block, the first of ``batchsim sweep`` and ``batchsim capacity`` its comments
+    name, ``sweep`` if neither) and their ``description:``."""
+    import re
+
+    from batchsim.catalog import catalog_dir, catalog_names
+    from batchsim.yamlio import read_mapping
+
+    rows = []
+    for name in catalog_names("experiments"):
+        path = catalog_dir("experiments") / f"{name}.yaml"
+        data, text = read_mapping(path)
+        comments = "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
+        named = re.search(r"batchsim (sweep|capacity)\b", comments)
+        command = "run" if "sweep" not in data else named.group(1) if named else "sweep"
+        description = str(data.get("description") or "").strip()
+        rows.append({"experiment": name, "command": command, "what it shows": description})
+    return rows

@@ -103,7 +103,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"  {_pools_line(config.cluster)}")
     elif config.cluster is not None:
         print(f"  {_replicas_line(result.replicas)}, router {config.cluster.router}")
-    print_summary(result.summary)
+    print_summary(result.summary, reasons=reject_reasons(result.request_columns))
     print(f"  wrote {out_dir}/{{{','.join(result.files)}}}")
     sample = config.output.iteration_sample
     if sample is not None and sample < result.summary["num_iterations"]:
@@ -159,8 +159,57 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_summary(summary: dict[str, Any], out: Any = None) -> None:
-    """A compact, human-readable summary table (on stdout by default)."""
+OVERLOAD_GROWTH = 0.05
+"""``queue_delay_growth`` above which the summary says the queue grows (the default stability
+bound of ``batchsim capacity``: arrivals more than about 5 % above what the engine serves)."""
+SECONDS_ABOVE_MS = 10_000.0
+"""A latency row whose largest value reaches this many ms is printed in seconds."""
+
+
+def reject_reasons(columns: Any) -> list[tuple[str, int]]:
+    """Why requests were rejected, with how many each, most first (the ``reject_reason`` of
+    ``requests.csv``). A request's own numbers in a reason (``needs 40 KV blocks > KV cache
+    capacity 30``) are gathered into their range: ``needs 35-40 KV blocks > ...``."""
+    import re
+
+    reasons = [
+        str(r) for r, s in zip(columns["reject_reason"], columns["status"]) if s == "rejected"
+    ]
+    groups: dict[str, list[int]] = {}
+    for reason in reasons:
+        match = re.search(r"\d+", reason)
+        key = reason if match is None else reason[: match.start()] + "{}" + reason[match.end() :]
+        groups.setdefault(key, []).append(int(match.group()) if match else 0)
+    out = []
+    for key, numbers in groups.items():
+        low, high = min(numbers), max(numbers)
+        text = key.format(f"{low}" if low == high else f"{low}-{high}") if "{}" in key else key
+        out.append((text or "no reason given", len(numbers)))
+    return sorted(out, key=lambda item: -item[1])
+
+
+def _latency_row(summary: dict[str, Any], name: str) -> str:
+    """``mean / median / p90 / p99`` of one latency, in ms, or in s when it reaches 10 s (an
+    all-at-once load's TTFT: ``1,234.57 s``, not ``1,234,567.89``)."""
+    values = [summary[f"{s}_{name}_ms"] for s in ("mean", "median", "p90", "p99")]
+    finite = [v for v in values if isinstance(v, (int, float)) and v == v]
+    if finite and max(finite) >= SECONDS_ABOVE_MS:
+        return " / ".join(_fmt(v / 1e3 if v == v else v) for v in values) + " s"
+    return " / ".join(_fmt(v) for v in values) + " ms"
+
+
+def _ms_or_s(value: Any) -> str:
+    """A duration given in ms, printed in s from 10 s on."""
+    if isinstance(value, (int, float)) and value == value and value >= SECONDS_ABOVE_MS:
+        return _fmt(value / 1e3, " s")
+    return _fmt(value, " ms")
+
+
+def print_summary(
+    summary: dict[str, Any], out: Any = None, reasons: list[tuple[str, int]] | None = None
+) -> None:
+    """A compact, human-readable summary table (on stdout by default), with why requests
+    were rejected (``reasons``, from :func:`reject_reasons`) and whether the queue grew."""
     out = sys.stdout if out is None else out
     rows = [
         (
@@ -182,18 +231,17 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
             gpus = summary["num_gpus"]
             per_gpu = f", {_fmt(summary['request_goodput_per_gpu'])} per GPU ({gpus} GPUs)"
         rows.append(("goodput", f"{_fmt(summary['request_goodput'])} req/s within SLO{per_gpu}"))
-    rows.append(("", "mean / median / p90 / p99 (ms)"))
+    for index, (reason, count) in enumerate(reasons or []):
+        rows.insert(1 + index, ("rejected", f"{count} × {reason}"))
+    rows.append(("", "mean / median / p90 / p99"))
     for name in ("ttft", "tpot", "itl", "e2el"):
-        stats = " / ".join(
-            _fmt(summary[f"{s}_{name}_ms"]) for s in ("mean", "median", "p90", "p99")
-        )
-        rows.append((name.upper(), stats))
+        rows.append((name.upper(), _latency_row(summary, name)))
     rows.extend(
         [
             (
                 "queue delay",
-                f"mean {_fmt(summary['mean_queue_delay_ms'])} ms, "
-                f"p99 {_fmt(summary['p99_queue_delay_ms'])} ms",
+                f"mean {_ms_or_s(summary['mean_queue_delay_ms'])}, "
+                f"p99 {_ms_or_s(summary['p99_queue_delay_ms'])}",
             ),
             (
                 "iterations",
@@ -234,6 +282,18 @@ def print_summary(summary: dict[str, Any], out: Any = None) -> None:
                 f"prefill {summary['prefill_busy_fraction']:.0%}, "
                 f"decode {summary['decode_busy_fraction']:.0%}",
             )
+        )
+    growth = summary.get("queue_delay_growth")
+    if isinstance(growth, float) and growth > OVERLOAD_GROWTH:
+        # a FIFO queue fed a factor rho faster than it is served grows by rho - 1 s per s
+        after = next(i for i, (key, _) in enumerate(rows) if key == "queue delay") + 1
+        rows.insert(
+            after,
+            (
+                "warning",
+                f"queue grows: arrivals ≈ {1 + growth:.2f}× what the engine serves "
+                f"(queue_delay_growth {growth:.2f} s/s); latencies grow with the run's length",
+            ),
         )
     rows.append(("wall time", _fmt(summary["wall_time_s"], " s")))
     width = max(len(k) for k, _ in rows)

@@ -140,7 +140,12 @@ def _study_arguments(p: argparse.ArgumentParser, kind: str) -> None:
         metavar="ADDR",
         help="Ray cluster address (auto, or ray://HOST:10001); default: start a local Ray",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress (the points as they run); the table and errors still print",
+    )
 
 
 def _study_source(args: argparse.Namespace) -> Any:
@@ -250,17 +255,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     ]
     if not (table["error"] != "").any():
         columns.remove("error")
-    if not args.quiet:
-        print(f"batchsim sweep: {len(result.points)} points of {source.source or 'the experiment'}")
-        for line in _table_text(table, columns):
-            print(f"  {line}")
-        files = "sweep.csv,sweep.parquet" + (
-            ",sweep_stats.csv,sweep_stats.parquet" if result.stats is not None else ""
-        )
-        print(
-            f"  wrote {out_dir}/{{{files}}} and points/ "
-            f"({len(result.points) - result.num_resumed} run, {result.num_resumed} already done)"
-        )
+    print(f"batchsim sweep: {len(result.points)} points of {source.source or 'the experiment'}")
+    for line in _table_text(table, columns):
+        print(f"  {line}")
+    files = "sweep.csv,sweep.parquet" + (
+        ",sweep_stats.csv,sweep_stats.parquet" if result.stats is not None else ""
+    )
+    print(
+        f"  wrote {out_dir}/{{{files}}} and points/ "
+        f"({len(result.points) - result.num_resumed} run, {result.num_resumed} already done)"
+    )
     if result.num_failed:
         print(
             f"batchsim: {result.num_failed} of {len(result.points)} points failed "
@@ -306,17 +310,16 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     ]
     if not (table["error"] != "").any():
         shown.remove("error")
-    if not args.quiet:
-        slo = ", ".join(f"{k} <= {v:g}" for k, v in cplan.judge.slo.items())
-        if cplan.judge.attainment is not None:
-            slo = f"{cplan.judge.attainment:.0%} of requests within {slo}"
-        print(
-            f"batchsim capacity: the highest arrival rate (req/s) sustained with {slo} "
-            "and a queue that does not grow"
-        )
-        for line in _table_text(table, [*cplan.plan.varied, *shown]):
-            print(f"  {line}")
-        print(f"  wrote {out_dir}/{{capacity.csv,capacity.parquet}} and points/")
+    slo = ", ".join(f"{k} <= {v:g}" for k, v in cplan.judge.slo.items())
+    if cplan.judge.attainment is not None:
+        slo = f"{cplan.judge.attainment:.0%} of requests within {slo}"
+    print(
+        f"batchsim capacity: the highest arrival rate (req/s) sustained with {slo} "
+        "and a queue that does not grow"
+    )
+    for line in _table_text(table, [*cplan.plan.varied, *shown]):
+        print(f"  {line}")
+    print(f"  wrote {out_dir}/{{capacity.csv,capacity.parquet}} and points/")
     if internal:
         print(
             f"batchsim: {internal} simulated rates stopped with an internal error (a bug; see "

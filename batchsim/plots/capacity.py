@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study, finite_number, value_text, values_label
-from batchsim.plots.style import color_for, describe_study, metric_label, new_figure
+from batchsim.plots.style import color_for, describe_study, metric_label, new_figure, suptitle
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -180,5 +180,5 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     ax.grid(True, axis="x", alpha=0.3)
     process = str(((config.get("workload") or {}).get("arrival") or {}).get("process", ""))
     setup = describe_study(config, [*varied, RATE_KEY]).replace("rate varied", "rate searched")
-    fig.suptitle(f"{criterion(study.marker, process)}\n{setup}", fontsize="medium")
+    suptitle(fig, f"{criterion(study.marker, process)}\n{setup}", fontsize="medium")
     return fig

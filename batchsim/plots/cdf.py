@@ -45,6 +45,8 @@ from batchsim.plots.style import (
     legend_columns,
     new_figure,
     series_styles,
+    suptitle,
+    text_width,
     tick_text,
 )
 
@@ -173,7 +175,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         title_fontsize="small",
         frameon=False,
     )
-    fig.suptitle(f"Latency distributions: {_describe(runs)}")
+    suptitle(fig, f"Latency distributions: {_describe(runs)}")
     return fig
 
 
@@ -451,13 +453,6 @@ LABEL_GAP = 0.12
 """Inches of white between two tick labels."""
 
 
-def _text_width(text: str, font_pt: float) -> float:
-    """Inches that ``text`` takes at ``font_pt`` points in matplotlib's default font."""
-    from matplotlib.textpath import TextPath
-
-    return float(TextPath((0, 0), text, size=font_pt).get_extents().width) / 72
-
-
 def log_ticks(lo: float, hi: float, width_in: float, font_pt: float) -> list[float]:
     """Ticks from ``lo`` to ``hi`` (> lo > 0) on a log axis ``width_in`` inches long: the
     densest of :data:`LOG_STEPS` whose plain-number labels (``font_pt`` points) leave
@@ -474,7 +469,7 @@ def log_ticks(lo: float, hi: float, width_in: float, font_pt: float) -> list[flo
             for m in subs
             if lo * (1 - 1e-9) <= m * 10.0**e <= hi * (1 + 1e-9)
         ]
-        half = [_text_width(tick_text(t), font_pt) / 2 for t in ticks]
+        half = [text_width(tick_text(t), font_pt) / 2 for t in ticks]
         fits = all(
             width_in * math.log10(b / a) / span >= ha + hb + LABEL_GAP
             for a, b, ha, hb in zip(ticks, ticks[1:], half, half[1:])
@@ -494,7 +489,12 @@ def _describe(runs: list[Run]) -> str:
         if len(values) == 1:
             parts.append(values.pop())
         elif describe is _where:
-            parts.append(" / ".join(sorted(values)))
+            models = {catalog_name(run.config.get("model", "?")) for run in runs}
+            if len(models) == 1:  # one model on several GPUs: name it once
+                gpus = sorted({v.split(" on ", 1)[1] for v in values})
+                parts.append(f"{models.pop()} on {' / '.join(gpus)}")
+            else:
+                parts.append(" / ".join(sorted(values)))
     return ", ".join(p for p in parts if p)
 
 

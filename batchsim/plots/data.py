@@ -410,7 +410,7 @@ def value_text(value: Any) -> str:
 def values_label(values: dict[str, Any]) -> str:
     """``policy=static, max_num_seqs=8`` (keys shortened as point folders are); a policy,
     GPU or model alone is named by its value."""
-    from batchsim.studies.sweep import short_names
+    from batchsim.studies.grid import short_names
 
     if len(values) == 1 and next(iter(values)) in BARE_KEYS:
         return value_text(next(iter(values.values())))

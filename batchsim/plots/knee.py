@@ -46,9 +46,11 @@ from batchsim.plots.data import Run, Series, Study
 from batchsim.plots.style import (
     catalog_name,
     describe_study,
+    layered_widths,
     metric_label,
     new_figure,
     series_styles,
+    suptitle,
     tick_text,
 )
 from batchsim.roofline import MAX_KNEE_BATCH
@@ -75,7 +77,7 @@ ROOF_GREYS = ("0.15", "0.45", "0.65")
 
 def latency_metrics() -> tuple[str, ...]:
     """The summary latency metrics the right axis may show (those a capacity SLO may bound)."""
-    from batchsim.studies.capacity import SUMMARY_SLOS
+    from batchsim.studies.slo import SUMMARY_SLOS
 
     return SUMMARY_SLOS
 
@@ -373,15 +375,16 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     fig, (ax, ax_batch) = new_figure(2, 1, sharex=True, figsize=(8.0, 7.0), height_ratios=[3, 1.2])
     ax_lat = ax.twinx()
     handles: list[Any] = []
-    for line, color, marker in zip(lines, colors, (style.marker for style in styles)):
+    layers = layered_widths(len(lines), 1.0)  # a line over an equal one leaves it visible
+    for line, color, marker, layer in zip(lines, colors, (s.marker for s in styles), layers):
         ax.errorbar(
             line.caps,
             line.throughput,
             yerr=_errors(line.rows, "output_throughput"),
             color=color,
             marker=marker,
-            markersize=4,
-            linewidth=1.8,
+            markersize=4 * layer,
+            linewidth=1.8 * layer,
             capsize=0,
             elinewidth=0.9,
             label=_line_label(line, single),
@@ -392,9 +395,9 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             yerr=_errors(line.rows, metric),
             color=color,
             marker=marker,
-            markersize=3,
+            markersize=3 * layer,
             linestyle="--",
-            linewidth=1.2,
+            linewidth=1.2 * layer,
             capsize=0,
             elinewidth=0.9,
             label="_latency",
@@ -405,8 +408,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             yerr=_errors(line.rows, "mean_batch_size"),
             color=color,
             marker=marker,
-            markersize=2.5,
-            linewidth=1.0,
+            markersize=2.5 * layer,
+            linewidth=1.0 * layer,
             capsize=0,
             elinewidth=0.9,
             label="_mean batch",
@@ -531,5 +534,5 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             handles=[*handles, *style], loc="outside lower left", fontsize="small", frameon=False
         )
     what = f"Output throughput and {metric_label(metric).replace(' (ms)', '')} vs batch cap"
-    fig.suptitle(f"{what}\n{describe_study(study.base_config, study.varied)}")
+    suptitle(fig, f"{what}\n{describe_study(study.base_config, study.varied)}")
     return fig

@@ -41,7 +41,7 @@ from matplotlib.ticker import MaxNLocator
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study
-from batchsim.plots.style import OKABE_ITO, finish, new_figure, run_title
+from batchsim.plots.style import OKABE_ITO, finish, new_figure, run_title, suptitle
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -167,9 +167,10 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     finish(bottom, **_ABOVE)
 
     note = run.iterations_note()  # a sampled table: usage and batch drawn between its rows
-    fig.suptitle(
+    suptitle(
+        fig,
         run_title("KV cache and queue", run.config)
-        + (f"\n{note}; KV usage and batch size drawn from it" if note else "")
+        + (f"\n{note}; KV usage and batch size drawn from it" if note else ""),
     )
     return fig
 

@@ -25,6 +25,7 @@ from batchsim.plots.style import (
     legend_columns,
     new_figure,
     series_styles,
+    suptitle,
     tick_text,
 )
 
@@ -122,19 +123,24 @@ def _label_loads(ax: Axes, labels: list[tuple[float, float, str, str]]) -> None:
     """Write each point's load beside it, leaving out a label that would overlap one already
     written (points closer than about two characters)."""
     ax.get_xlim(), ax.get_ylim()  # settle the view limits before measuring
+    box = ax.get_window_extent()
+    scale = ax.figure.dpi / 72  # points to pixels
     placed: list[tuple[float, float]] = []
     for x, y, text, color in labels:
         px, py = ax.transData.transform((x, y))
         if any(abs(px - qx) < 14 and abs(py - qy) < 10 for qx, qy in placed):
             continue
         placed.append((px, py))
+        # below right of the point; above near the bottom edge, left near the right edge
+        up = py - 14 * scale < box.y0
+        left = px + 16 * scale > box.x1
         ax.annotate(
             text,
             xy=(x, y),
-            xytext=(4, -4),
+            xytext=(-4 if left else 4, 4 if up else -4),
             textcoords="offset points",
-            ha="left",
-            va="top",
+            ha="right" if left else "left",
+            va="bottom" if up else "top",
             fontsize="x-small",
             color=color,
         )
@@ -243,7 +249,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
                 bbox=BOX,
             )
         _y_scale(ax, values)
-        ax.set_xlim(left=0)
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.04)  # the last points off the right edge
         _label_loads(ax, pending)
         ax.set_xlabel("achieved output throughput (tok/s)")
         ax.set_ylabel(f"{name} (ms)")
@@ -289,7 +295,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         frameon=False,
     )
     load = ", ".join(keys)
-    fig.suptitle(
-        f"Latency vs achieved throughput as {load} varies\n{describe_study(config, study.varied)}"
+    suptitle(
+        fig,
+        f"Latency vs achieved throughput as {load} varies\n{describe_study(config, study.varied)}",
     )
     return fig

@@ -54,16 +54,43 @@ def _embed(fig: Figure, prefix: str, label: str) -> str:
     """The figure as inline SVG (ids prefixed), or as a PNG data URI when the SVG is large."""
     import matplotlib
 
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "batchsim", "svg.fonttype": "path"}):
-        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": "batchsim"})
-    svg = buffer.getvalue()
-    if len(svg) > SVG_MAX_CHARS:
+    svg = ""
+    if svg_chars_estimate(fig) <= SVG_MAX_CHARS:  # else writing the SVG would be wasted
+        buffer = io.StringIO()
+        with matplotlib.rc_context({"svg.hashsalt": "batchsim", "svg.fonttype": "path"}):
+            fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": "batchsim"})
+        svg = buffer.getvalue()
+    if not svg or len(svg) > SVG_MAX_CHARS:
         data = io.BytesIO()
         fig.savefig(data, format="png", dpi=DPI * 1.5, metadata={"Software": "batchsim"})
         encoded = base64.b64encode(data.getvalue()).decode("ascii")
         return f'<img alt="{_esc(label)} figure" src="data:image/png;base64,{encoded}">'
     return _inline_svg(svg, prefix, label)
+
+
+SVG_CHARS_PER_PATH = 150
+"""About what matplotlib's SVG spends on one path of a collection (a bar, a box, a polygon)."""
+SVG_CHARS_PER_POINT = 12
+"""About what it spends on one vertex of a line or one marker of a scatter."""
+
+
+def svg_chars_estimate(fig: Figure) -> int:
+    """About how many characters ``fig``'s SVG takes, counting its paths and points alone
+    (text and axes add more): a figure of tens of thousands of boxes (a long run's timeline)
+    is known to be too large before a second or more goes into writing an SVG only to drop
+    it. The SVG written is still measured, so an estimate too low costs time, not size."""
+    import numpy as np
+
+    chars = 0
+    for ax in fig.axes:
+        for collection in ax.collections:
+            offsets = np.asarray(collection.get_offsets())
+            chars += SVG_CHARS_PER_PATH * len(collection.get_paths())
+            chars += SVG_CHARS_PER_POINT * (len(offsets) if offsets.ndim == 2 else 0)
+        for line in ax.lines:
+            chars += SVG_CHARS_PER_POINT * np.size(line.get_xdata(orig=False))
+        chars += SVG_CHARS_PER_PATH * len(ax.patches)
+    return chars
 
 
 _ID = re.compile(r'\bid="([^"]+)"')

@@ -38,7 +38,7 @@ import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study
-from batchsim.plots.style import PHASE_COLORS, catalog_name, finish, new_figure, run_title
+from batchsim.plots.style import PHASE_COLORS, catalog_name, finish, new_figure, run_title, suptitle
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -150,7 +150,7 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         notes.append(f"tensor parallel x{gpu.tp}: FLOPs, bytes, time and roofs of one GPU")
     ax.set_title("; ".join(notes), fontsize="small", color="0.3")
     finish(ax, loc="upper left", markerscale=2)
-    fig.suptitle(run_title("Roofline", run.config))
+    suptitle(fig, run_title("Roofline", run.config))
     return fig
 
 

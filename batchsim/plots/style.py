@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import textwrap
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,9 +121,8 @@ class SeriesStyle:
 
 
 TINT_RANGE = 0.55
-"""How far toward white the last of three or more lines of one policy is tinted (the first
-keeps the policy's colour; the second of two goes half as far): light enough to tell apart,
-dark enough to read on white."""
+"""How far toward white the last of two or more lines of one policy is tinted (the first
+keeps the policy's colour): light enough to tell apart, dark enough to read on white."""
 
 
 def tint(color: str, fraction: float) -> str:
@@ -137,14 +136,26 @@ def tint(color: str, fraction: float) -> str:
 def series_styles(
     labels: list[str], policies: Mapping[str, str] | None = None
 ) -> list[SeriesStyle]:
-    """Styles of several series: a series whose policy is a built-in one takes that policy's
-    colour, so a policy has one hue in every figure; series sharing a policy are told apart by
-    their variant (a marker, or a line style) and a tint: the first keeps the policy's colour,
-    the next ones are lighter in order (a sweep's lines go from dark to light as its values
-    do). Other series take the palette's remaining colours in order (never a policy's colour),
-    variant 0."""
+    """Styles of several series.
+
+    When the series have several policies, a series whose policy is a built-in one takes that
+    policy's colour, so a policy has one hue in every figure; series sharing a policy are told
+    apart by their variant (a marker, or a line style) and a tint: the first keeps the
+    policy's colour, the next ones are lighter in order, the last :data:`TINT_RANGE` of the
+    way to white (a sweep's lines go from dark to light as its values do). When every series
+    has the same policy, its colour tells nothing apart: the first series keeps it and the
+    others take the palette's other colours, each series its own marker and line style (two
+    GPUs of one policy are two hues, not two blues). Other series take the palette's remaining
+    colours in order (never a policy's colour), variant 0."""
     policies = policies or {}
     named = [policies.get(label, label) for label in labels]
+    if len(named) > 1 and len(set(named)) == 1 and named[0] in POLICY_COLORS:
+        first = POLICY_COLORS[named[0]]
+        others = [c for c in SERIES_ORDER if c != first]
+        return [
+            SeriesStyle(first if i == 0 else others[(i - 1) % len(others)], i)
+            for i in range(len(named))
+        ]
     counts = {p: named.count(p) for p in set(named) if p in POLICY_COLORS}
     styles: list[SeriesStyle] = []
     seen: dict[str, int] = {}
@@ -153,14 +164,22 @@ def series_styles(
         if policy in POLICY_COLORS:
             variant = seen.get(policy, 0)
             seen[policy] = variant + 1
-            last = counts[policy] - 1
-            shade = TINT_RANGE * min(1.0, last / 2) * variant / last if variant else 0.0
+            shade = TINT_RANGE * variant / (counts[policy] - 1) if variant else 0.0
             color = tint(POLICY_COLORS[policy], shade) if shade else POLICY_COLORS[policy]
             styles.append(SeriesStyle(color, variant))
         else:
             styles.append(SeriesStyle(color_for(f"#{spare}", spare)))
             spare += 1
     return styles
+
+
+def layered_widths(count: int, width: float) -> list[float]:
+    """Line widths of ``count`` series drawn in order: the first widest (up to 1.6 x
+    ``width``), the last ``width``, so that a line drawn over an equal one leaves it visible
+    on both sides."""
+    if count <= 1:
+        return [width] * count
+    return [width * (1 + 0.6 * (count - 1 - i) / (count - 1)) for i in range(count)]
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, Any]:
@@ -200,12 +219,78 @@ def catalog_name(value: Any) -> str:
 
 
 def run_title(prefix: str, config: Mapping[str, Any]) -> str:
-    """``prefix: <describe_run>``, or on two lines when that is too long for one (a
-    cluster's description often is)."""
-    described = describe_run(config)
-    if len(prefix) + len(described) < 90:
-        return f"{prefix}: {described}"
-    return prefix + "\n" + textwrap.fill(described, 70, break_long_words=False)
+    """``prefix: <describe_run>`` (:func:`suptitle` breaks it where it is too wide)."""
+    return f"{prefix}: {describe_run(config)}"
+
+
+TITLE_WIDTH = 0.96
+"""The share of the figure's width a title's line may take."""
+
+
+def text_width(text: str, font_pt: float) -> float:
+    """Inches that one line of ``text`` takes at ``font_pt`` points in matplotlib's default
+    font."""
+    from matplotlib.textpath import TextPath
+
+    return float(TextPath((0, 0), text, size=font_pt).get_extents().width) / 72
+
+
+def suptitle(fig: Figure, text: str, **kwargs: Any) -> Any:
+    """``fig.suptitle(text)`` with every line that is wider than the figure broken, at its
+    phrases (after ``: ``, ``, ``, `` / `` or `` vs ``) where it can, else between words:
+    a title is never cut at the figure's edges."""
+    from matplotlib.font_manager import FontProperties
+
+    size = kwargs.get("fontsize", matplotlib.rcParams["figure.titlesize"])
+    font_pt = FontProperties(size=size).get_size_in_points()
+    width = fig.get_figwidth() * TITLE_WIDTH
+    lines = [part for line in text.split("\n") for part in wrap_line(line, font_pt, width)]
+    return fig.suptitle("\n".join(lines), **kwargs)
+
+
+_PHRASE_END = re.compile(r"(?<=: )|(?<=, )|(?<= / )|(?= vs )")
+
+
+def wrap_line(line: str, font_pt: float, width_in: float) -> list[str]:
+    """``line`` as lines of at most ``width_in`` inches: whole phrases packed greedily, a
+    phrase too wide alone broken between words."""
+    if text_width(line, font_pt) <= width_in:
+        return [line]
+    pieces = [p for p in _PHRASE_END.split(line) if p]
+    if len(pieces) == 1:
+        pieces = [w + " " for w in line.split(" ")]
+        if len(pieces) == 1:
+            return [line]
+    lines: list[str] = []
+    current = ""
+    for piece in pieces:
+        if current and text_width((current + piece).rstrip(), font_pt) > width_in:
+            lines.append(current.rstrip())
+            current = piece.lstrip()
+        else:
+            current += piece
+    if current.strip():
+        lines.append(current.rstrip())
+    out: list[str] = []
+    for part in lines:  # a phrase still too wide: between its words
+        too_wide = text_width(part, font_pt) > width_in and " " in part
+        out.extend(wrap_line_words(part, font_pt, width_in) if too_wide else [part])
+    return out
+
+
+def wrap_line_words(line: str, font_pt: float, width_in: float) -> list[str]:
+    """``line`` broken between words into lines of at most ``width_in`` inches (a word wider
+    than that stands alone)."""
+    lines: list[str] = []
+    current = ""
+    for word in line.split(" "):
+        candidate = f"{current} {word}" if current else word
+        if current and text_width(candidate, font_pt) > width_in:
+            lines.append(current)
+            current = word
+        else:
+            current = candidate
+    return [*lines, current] if current else lines
 
 
 def describe_replicas(cluster: Mapping[str, Any], hardware: str) -> str:

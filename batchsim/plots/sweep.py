@@ -18,7 +18,15 @@ import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study, ok_rows
-from batchsim.plots.style import describe_study, finish, new_figure, series_styles, tick_text
+from batchsim.plots.style import (
+    describe_study,
+    finish,
+    layered_widths,
+    new_figure,
+    series_styles,
+    suptitle,
+    tick_text,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -119,7 +127,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
         len(metrics), 1, sharex=True, squeeze=False, figsize=(8.0, 1.2 + 2.4 * len(metrics))
     )
     for ax, metric in zip(axes[:, 0], metrics):
-        for (label, rows), style in zip(groups, styles):
+        layers = layered_widths(len(groups), 1.5)  # a line over an equal one leaves it visible
+        for (label, rows), style, width in zip(groups, styles, layers):
             rows = rows.sort_values(x_key)
             x = rows[x_key].to_numpy(dtype=float)
             y = rows[metric].to_numpy(dtype=float)
@@ -127,13 +136,13 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
             if ci in rows:
                 ax.errorbar(
                     x, y, yerr=rows[ci].to_numpy(dtype=float), color=style.color,
-                    marker=style.marker, linestyle=style.dashes, markersize=4, capsize=3,
-                    label=label or None,
+                    marker=style.marker, linestyle=style.dashes, markersize=4 * width / 1.5,
+                    linewidth=width, capsize=3, label=label or None,
                 )  # fmt: skip
             else:
                 ax.plot(
                     x, y, color=style.color, marker=style.marker, linestyle=style.dashes,
-                    markersize=4, label=label or None,
+                    markersize=4 * width / 1.5, linewidth=width, label=label or None,
                 )  # fmt: skip
         ax.set_ylabel(metric_label(metric))
         _scale_y(ax, ok[metric].to_numpy(dtype=float))
@@ -141,8 +150,8 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     bottom = axes[-1, 0]
     _scale_x(bottom, ok[x_key].to_numpy(dtype=float))
     bottom.set_xlabel(_key_label(x_key))
-    fig.suptitle(
-        f"{describe_study(study.base_config, study.varied)}\nswept: {', '.join(study.varied)}"
+    suptitle(
+        fig, f"{describe_study(study.base_config, study.varied)}\nswept: {', '.join(study.varied)}"
     )
     return fig
 
@@ -158,28 +167,85 @@ def _key_label(key: str) -> str:
     return key
 
 
-def _scale_x(ax: Any, values: np.ndarray) -> None:
-    values = values[np.isfinite(values)]
-    positive = values[values > 0]
-    if len(positive) == len(values) and len(values) > 2:
-        exponents = np.log2(positive)
-        if np.allclose(exponents, np.round(exponents)) and positive.max() / positive.min() >= 8:
-            from matplotlib.ticker import FuncFormatter
+LOG_SPREAD = 2.0
+"""A log x axis when it spreads the values' closest pair at least this much wider (as a
+fraction of the axis) than a linear one: values such as 25, 50, ..., 400 crowd the first
+quarter of a linear axis and sit evenly on a log one."""
 
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            return
-        if positive.max() / positive.min() > 100:
-            ax.set_xscale("log")
+
+def _positions(values: np.ndarray, log: bool) -> np.ndarray:
+    """Where sorted distinct values >= 0 sit on a linear or log axis; on a log one, a 0 sits
+    one step below the smallest positive value (a step: its ratio to the next one)."""
+    if not log:
+        return values
+    positive = values[values > 0]
+    logs = np.log(positive)
+    if len(positive) == len(values):
+        return logs
+    step = logs[1] - logs[0] if len(logs) > 1 else 1.0
+    return np.concatenate([[logs[0] - step], logs])
+
+
+def _closest(positions: np.ndarray) -> float:
+    """The closest pair of ``positions`` (sorted) as a fraction of their span."""
+    span = positions[-1] - positions[0]
+    return float(np.diff(positions).min() / span) if span > 0 else 0.0
+
+
+def x_scale(values: np.ndarray) -> str:
+    """``linear``, ``log`` (values > 0) or ``symlog`` (values >= 0 with a 0) for a swept key:
+    the scale that spreads its values' closest pair wider, by at least :data:`LOG_SPREAD`
+    for a log one."""
+    distinct = np.unique(values[np.isfinite(values)])
+    if len(distinct) < 3 or distinct[0] < 0 or (distinct > 0).sum() < 2:
+        return "linear"
+    linear = _closest(_positions(distinct, log=False))
+    log = _closest(_positions(distinct, log=True))
+    if log < LOG_SPREAD * linear:
+        return "linear"
+    return "log" if distinct[0] > 0 else "symlog"
+
+
+def _scale_x(ax: Any, values: np.ndarray) -> None:
+    """The scale of :func:`x_scale`, log2 for powers of two, ticks at the values swept (up to
+    12 of them) as plain numbers."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    distinct = np.unique(values[np.isfinite(values)])
+    scale = x_scale(values)
+    if scale == "linear":
+        return
+    positive = distinct[distinct > 0]
+    exponents = np.log2(positive)
+    base = 2 if np.allclose(exponents, np.round(exponents)) else 10
+    if scale == "log":
+        ax.set_xscale("log", base=base)
+    else:  # 0 one step below the smallest positive value, linear up to it
+        ratio = positive[1] / positive[0]
+        # matplotlib stretches the linear part by 1 / (1 - 1 / base): undone, 0 is one step
+        linscale = math.log(ratio, base) * (1 - 1 / base)
+        ax.set_xscale("symlog", linthresh=positive[0], base=base, linscale=linscale)
+    # 5 % of the axis beyond the end values, measured on the axis as drawn
+    transform = ax.xaxis.get_transform()
+    low, high = transform.transform([distinct[0], distinct[-1]])
+    pad = 0.05 * (high - low)
+    ax.set_xlim(*transform.inverted().transform([low - pad, high + pad]))
+    if len(distinct) <= 12:
+        ax.xaxis.set_major_locator(FixedLocator([float(v) for v in distinct]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v) if v else "0"))
 
 
 def _scale_y(ax: Any, values: np.ndarray) -> None:
     values = values[np.isfinite(values)]
     positive = values[values > 0]
     if len(positive) == len(values) and len(values) and positive.max() / positive.min() > 100:
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: tick_text(v)))
     elif len(values) and values.min() >= 0 and not math.isclose(values.max(), 0):
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, values.max() * 1.08)  # a flat line stays off the top edge
     if ax.get_yscale() == "linear" and len(values) and np.abs(values).max() >= 1_000:
         from matplotlib.ticker import FuncFormatter
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from batchsim.errors import ConfigError
 from batchsim.plots.data import Run, Study
-from batchsim.plots.style import STATE_COLORS, describe_run, new_figure
+from batchsim.plots.style import STATE_COLORS, describe_run, new_figure, suptitle
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -143,9 +143,9 @@ def plot(sources: list[Run | Study], options: PlotOptions) -> Figure:
     handles.append(Patch(facecolor=STATE_COLORS["idle"], edgecolor="#999999", label=IDLE_LABEL))
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize="small")
     if len(runs) == 1:
-        fig.suptitle("Batch slots over time")
+        suptitle(fig, "Batch slots over time")
     else:
-        fig.suptitle("Batch slots over time: " + " vs ".join(r.policy for r in runs))
+        suptitle(fig, "Batch slots over time: " + " vs ".join(r.policy for r in runs))
     return fig
 
 

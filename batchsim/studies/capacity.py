@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.config import ExperimentConfig
 from batchsim.errors import ConfigError
-from batchsim.studies.grid import cell, expand, label_part
+from batchsim.studies.grid import cell, expand, label_part, short_names
+from batchsim.studies.slo import REQUEST_SLOS, SUMMARY_SLOS
 from batchsim.studies.store import FileDigests, Outcome, Point, PointStore
 from batchsim.studies.sweep import (
     SweepPlan,
     make_labels_unique,
     point_label,
     scalar_metrics,
-    short_names,
     write_marker,
     write_table,
 )
@@ -66,19 +66,9 @@ MAX_DOUBLINGS = 10
 """How far the bracket search goes from the experiment's rate: up to x or / 2**10."""
 DEFAULT_RTOL = 0.02
 DEFAULT_MAX_QUEUE_GROWTH = 0.05
-
-SUMMARY_SLOS = (
-    *(
-        f"{stat}_{metric}_ms"
-        for metric in ("ttft", "tpot", "itl", "e2el")
-        for stat in ("mean", "median", "p90", "p99")
-    ),
-    "mean_queue_delay_ms",
-    "p99_queue_delay_ms",
-)
-"""Summary metrics an SLO may bound (lower is better)."""
-REQUEST_SLOS = ("ttft_ms", "tpot_ms", "e2el_ms")
-"""Per-request limits for ``--attainment`` (the keys of the experiment's ``slo:`` block)."""
+SEARCH_PROGRESS = "capacity search, rates simulated"
+"""How the progress of a search names what it counts (how many rates it takes is not known
+beforehand)."""
 
 
 def parse_slo(items: Mapping[str, Any] | list[str], attainment: float | None) -> dict[str, float]:
@@ -360,7 +350,9 @@ def run_capacity(
         check_study_dir(out_dir, plan.kind)
         store = PointStore(out_dir, FileDigests())
         write_marker(plan, out_dir, len(searches))
-    runner = Runner(executor, store, write_csv=False, progress=Progress("capacity", progress))
+    runner = Runner(
+        executor, store, write_csv=False, progress=Progress(SEARCH_PROGRESS, progress, search=True)
+    )
     labels: set[str] = set()
 
     def submit(search: Search) -> None:

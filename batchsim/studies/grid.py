@@ -278,3 +278,9 @@ def label_part(value: Any) -> str:
 
         text = format_value(value) if not isinstance(value, (dict, list)) else cell(value)
     return _UNSAFE.sub("_", text).strip("_") or "_"
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """Folder-name prefix of each key: its last part, or the whole path where two collide."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}

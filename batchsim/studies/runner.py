@@ -23,21 +23,26 @@ class Progress:
     Args:
         mode: ``"auto"`` (a bar if ``stream`` is a terminal, else lines), ``"bar"``,
             ``"lines"`` or ``"off"``.
+        search: The points are a search's, added as it goes (a capacity search): how many
+            it will take is not known, so no total is shown, only the points run so far.
     """
 
-    def __init__(self, what: str, mode: str = "auto", stream: TextIO | None = None):
+    def __init__(
+        self, what: str, mode: str = "auto", stream: TextIO | None = None, *, search: bool = False
+    ):
         self.stream = stream if stream is not None else sys.stderr
         if mode == "auto":
             mode = "bar" if self.stream.isatty() else "lines"
         self.mode = mode
         self.what = what
+        self.search = search
         self.total = 0
         self.done = 0
         self._bar: Any = None
 
     def add(self, count: int) -> None:
         self.total += count
-        if self._bar is not None:
+        if self._bar is not None and not self.search:
             self._bar.total = self.total
             self._bar.refresh()
 
@@ -46,8 +51,9 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(
-                total=self.total, initial=self.done, unit="point", desc=self.what,
-                file=self.stream, dynamic_ncols=True,
+                total=None if self.search else self.total, initial=self.done,
+                unit="rate" if self.search else "point", desc=self.what, file=self.stream,
+                dynamic_ncols=True,
             )  # fmt: skip
 
     def update(self, point: Point, outcome: Outcome) -> None:
@@ -56,8 +62,9 @@ class Progress:
             self._bar.update(1)
         elif self.mode == "lines" and not outcome.resumed:
             status = f"{outcome.wall_time_s:.2f} s" if outcome.ok else f"failed: {outcome.error}"
+            count = f": {self.done} so far;" if self.search else f" {self.done}/{self.total}"
             print(
-                f"batchsim: {self.what} {self.done}/{self.total} {point.label}: {status}",
+                f"batchsim: {self.what}{count} {point.label}: {status}",
                 file=self.stream,
                 flush=True,
             )

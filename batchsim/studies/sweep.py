@@ -44,6 +44,7 @@ from batchsim.studies.grid import (
     expand,
     label_part,
     parse_values,
+    short_names,
     varied_keys,
     zip_axis,
 )
@@ -189,12 +190,6 @@ def merge_axes(block: Sequence[Axis], given: Sequence[Axis]) -> list[Axis]:
         else:
             axes.append(axis)
     return combine_axes(axes)
-
-
-def short_names(keys: Sequence[str]) -> dict[str, str]:
-    """Folder-name prefix of each key: its last part, or the whole path where two collide."""
-    last = [key.rsplit(".", 1)[-1] for key in keys]
-    return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
 
 
 def point_label(values: Mapping[str, Any], short: Mapping[str, str], seed: int | None) -> str:
