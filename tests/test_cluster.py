@@ -167,6 +167,16 @@ class Boolean(Router):
         return True
 
 
+class Exits(Router):
+    def route(self, request, replicas, now):
+        raise SystemExit(0)
+
+
+class Interrupts(Router):
+    def __init__(self, num_replicas, rng, config):
+        raise KeyboardInterrupt
+
+
 class Busiest(Router):
     def route(self, request, replicas, now):
         return max(range(len(replicas)), key=lambda i: (replicas[i].outstanding, -i))
@@ -187,6 +197,9 @@ def user_routers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         ("Raises", ["route() raised KeyError: 'no such key' (at ", "my_routers.py:7)"]),
         ("OutOfRange", ["route() returned 3", "a replica index from 0 to 2"]),
         ("Boolean", ["route() returned True"]),
+        # user code: whatever it raises is its error (not an exit 0, not a Ctrl-C)
+        ("Exits", ["route() raised SystemExit: 0"]),
+        ("Interrupts", ["its constructor raised KeyboardInterrupt"]),
     ],
 )
 def test_a_broken_user_router_stops_the_run_naming_it(user_routers, tmp_path, capsys, name, words):

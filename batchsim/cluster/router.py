@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from batchsim.errors import BatchsimError, RouterError, describe_exception
+from batchsim.errors import BatchsimError, Interrupted, RouterError, describe_exception
 from batchsim.scheduler.registry import load_class
 
 if TYPE_CHECKING:
@@ -194,17 +194,17 @@ def make_router(
     label = f"{key} {cls.__module__}:{cls.__qualname__}"
     try:
         router = cls(n, rng, config)
-    except BatchsimError:
+    except (BatchsimError, Interrupted):  # batchsim's own errors; the user's Ctrl-C
         raise
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit(0), KeyboardInterrupt, ...: the router's
         raise RouterError(f"{label}: its constructor raised {describe_exception(exc)}") from None
 
     def route(request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
         try:
             index = router.route(request, replicas, now)
-        except BatchsimError:
+        except (BatchsimError, Interrupted):
             raise
-        except Exception as exc:
+        except BaseException as exc:
             raise RouterError(f"{label}: route() raised {describe_exception(exc)}") from None
         if (
             isinstance(index, bool)
