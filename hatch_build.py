@@ -9,6 +9,13 @@ when both are there.
 - ``BATCHSIM_PURE_PYTHON=1`` builds a pure-Python wheel (no compiler needed).
 - A build that cannot compile (no C compiler, say) warns and builds a pure-Python wheel.
 - Editable installs (``pip install -e .``) and the sdist are pure Python.
+- One compile per machine: the built extensions are kept in a cache folder
+  (``$BATCHSIM_BUILD_CACHE``, else ``$XDG_CACHE_HOME/batchsim/mypyc``, else
+  ``~/.cache/batchsim/mypyc``) under a key of everything the build reads: every file of the
+  package, this hook, the Python version and platform, the mypy and setuptools versions and
+  the compiler's environment (``CC``, ``CFLAGS``...). A second build of the same source
+  (``pip install ".[test]"`` after ``pip install .``) takes them from there in seconds.
+  ``BATCHSIM_BUILD_CACHE=off`` compiles every time.
 
 ``batchsim --version`` says which one is installed. The results are the same either way (the
 test suite runs on both).
@@ -60,6 +67,43 @@ pure-Python install. Nothing pydantic is compiled (the ``scheduler:`` block live
 :mod:`batchsim.scheduler.config` for that reason)."""
 
 PURE_ENV = "BATCHSIM_PURE_PYTHON"
+CACHE_ENV = "BATCHSIM_BUILD_CACHE"
+COMPILER_ENV = ("CC", "CXX", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS")
+"""The environment variables that change what the C compiler makes (part of the cache key)."""
+
+
+def _cache_root() -> Path | None:
+    """The folder of cached builds (None: caching is off)."""
+    chosen = os.environ.get(CACHE_ENV, "")
+    if chosen.lower() in ("off", "0", "no", "false"):
+        return None
+    if chosen:
+        return Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME", "") or str(Path.home() / ".cache")
+    return Path(base) / "batchsim" / "mypyc"
+
+
+def _cache_key(root: Path) -> str:
+    """A hash of everything the compiled build depends on."""
+    import hashlib
+    import platform
+    import sys
+    from importlib.metadata import version
+
+    digest = hashlib.sha256()
+    for name in ("mypy", "setuptools"):
+        digest.update(f"{name}={version(name)}\n".encode())
+    digest.update(f"{sys.version}|{sys.implementation.cache_tag}|{platform.platform()}\n".encode())
+    for name in COMPILER_ENV:
+        digest.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    digest.update(Path(__file__).read_bytes())
+    package = root / "batchsim"
+    for path in sorted(package.rglob("*")):
+        built = path.suffix in (".so", ".pyd")
+        if path.is_file() and "__pycache__" not in path.parts and not built:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:32]
 
 
 class MypycBuildHook(BuildHookInterface):  # type: ignore[type-arg]
@@ -88,6 +132,32 @@ class MypycBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             build_data["force_include"][str(path)] = target
 
     def _compile(self) -> list[tuple[Path, str]]:
+        """The compiled extensions, from the cache or built (:meth:`_build`): (built file, its
+        path in the wheel) of each."""
+        cache = _cache_root()
+        if cache is None:
+            return self._build()
+        entry = cache / _cache_key(Path(self.root))
+        files = sorted(p for p in entry.rglob("*") if p.is_file()) if entry.is_dir() else []
+        if files:
+            self.app.display_info(f"batchsim: compiled engine taken from the cache {entry}")
+            return [(p, p.relative_to(entry).as_posix()) for p in files]
+        built = self._build()
+        try:  # into a scratch folder next to the entry, then renamed: never half-written
+            cache.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
+            for path, target in built:
+                (scratch / target).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, scratch / target)
+            try:
+                scratch.rename(entry)
+            except OSError:  # another build stored it meanwhile
+                shutil.rmtree(scratch, ignore_errors=True)
+        except OSError as exc:  # a read-only home, say: the build itself is fine
+            self.app.display_warning(f"batchsim: could not cache the compiled engine ({exc})")
+        return built
+
+    def _build(self) -> list[tuple[Path, str]]:
         """Compile :data:`COMPILED` in a scratch copy of the package; (built file, its path
         in the wheel) of each extension."""
         from mypyc.build import mypycify

@@ -13,6 +13,7 @@ import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,35 @@ def test_sdist_carries_ci_docs_and_license_and_the_wheel_py_typed(tmp_path):
     assert f"\nVersion: {version}\n" in metadata
     assert "License-Expression: Apache-2.0" in metadata
     assert "Project-URL: Source, " in metadata
+
+
+def _load_build_hook() -> Any:
+    spec = importlib.util.spec_from_file_location("batchsim_hatch_build", ROOT / "hatch_build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_compiled_build_is_cached_by_every_source_file_and_reused(tmp_path, monkeypatch):
+    # One compile per machine: a second build of the same source takes the extensions from
+    # the cache; a change to any file of the package (or the compiler's flags) is a new key.
+    hook = _load_build_hook()
+    (tmp_path / "batchsim" / "engine").mkdir(parents=True)
+    source = tmp_path / "batchsim" / "engine" / "loop.py"
+    source.write_text("x = 1\n", encoding="utf-8")
+    key = hook._cache_key(tmp_path)
+    (tmp_path / "batchsim" / "__pycache__").mkdir()
+    (tmp_path / "batchsim" / "__pycache__" / "loop.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "batchsim" / "engine" / "loop.cpython-311-x86_64-linux-gnu.so").write_bytes(b"x")
+    assert hook._cache_key(tmp_path) == key  # byte code and built files are not sources
+    source.write_text("x = 2\n", encoding="utf-8")
+    assert hook._cache_key(tmp_path) != key
+    source.write_text("x = 1\n", encoding="utf-8")
+    assert hook._cache_key(tmp_path) == key
+    monkeypatch.setenv("CFLAGS", "-O0")
+    assert hook._cache_key(tmp_path) != key
+    monkeypatch.setenv("BATCHSIM_BUILD_CACHE", "off")
+    assert hook._cache_root() is None
+    monkeypatch.setenv("BATCHSIM_BUILD_CACHE", str(tmp_path / "cache"))
+    assert hook._cache_root() == tmp_path / "cache"

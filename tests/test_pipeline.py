@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape, RooflineCostModel
 from batchsim.cost.pipeline import PipelineCostModel, stage_layers
 from batchsim.deployment import engine_setup
-from batchsim.engine import pipeline as pipeline_module
+from batchsim.deployment import engines as deployment_engines
 from batchsim.engine.pipeline import PipelineEngine
 from batchsim.errors import ConfigError
 from batchsim.simulation import simulate
@@ -273,21 +274,29 @@ def test_pipeline_never_runs_a_request_in_two_batches_at_once(
         engine=engine,
         workload=workload,
     )
-    spans: dict[int, list[tuple[float, float]]] = {}
+    # Every batch is in flight at the pass where it leaves the last stage: the engine's
+    # on_step hook, called before every pass, sees each one (the loop itself is compiled).
+    batches: dict[int, tuple[float, float, list[int]]] = {}
     engines: list[PipelineEngine] = []
-    launch = PipelineEngine._launch
 
-    def recording(self: PipelineEngine, output: Any, now: float, engine: int) -> None:
-        if not engines:
-            engines.append(self)
-        launch(self, output, now, engine)
-        end = self._in_flight[-1].times.end
-        for request in output.requests:
-            spans.setdefault(request.request_id, []).append((now, end))
+    def watch(engine: Any) -> None:
+        for batch in engine._in_flight:
+            times = batch.times
+            ids = [r.request_id for r in batch.output.requests]
+            batches.setdefault(times.first_iteration, (times.start, times.end, ids))
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline_module.PipelineEngine, "_launch", recording)
+    def build(*args: Any, **kwargs: Any) -> PipelineEngine:
+        kwargs["on_step"] = watch
+        engines.append(PipelineEngine(*args, **kwargs))
+        return engines[-1]
+
+    with mock.patch.object(deployment_engines, "PipelineEngine", build):
         result = simulate(validate_experiment(data))
+    assert len(batches) == len(result.iterations)  # every batch seen
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for _, (start, end, ids) in sorted(batches.items()):
+        for request_id in ids:
+            spans.setdefault(request_id, []).append((start, end))
     engine = engines[0]
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
     requests = result.requests

@@ -102,7 +102,8 @@ def policy_max_repeat(scheduler: Scheduler, output: SchedulerOutput) -> int:
     most = policy.policy_max_repeat(output)
     if type(most) is int and most >= 1:
         return most
-    if isinstance(most, bool) or not isinstance(most, numbers.Integral) or most < 1:
+    # (int(): a numpy integer's comparison gives a numpy bool, which compiled code refuses)
+    if isinstance(most, bool) or not isinstance(most, numbers.Integral) or int(most) < 1:
         raise PolicyError(
             f"scheduler.policy {policy_name(type(scheduler))}: policy_max_repeat() "
             f"returned {most!r}; it must return an integer >= 1 (1: no repeat)"
