@@ -1094,6 +1094,12 @@ def test_latencies_of_10_s_and_more_print_in_seconds(tmp_path, capsys):
     assert rows["TPOT"].endswith(" ms")
     assert all(len(cell.strip().replace(",", "").split(".")[0]) <= 4 for cell in
                rows["TTFT"].split(None, 1)[1].removesuffix(" s").split("/"))  # fmt: skip
+    # one unit per line: the queue delay's mean is in s like its p99 (over 10 s)
+    assert summary["p99_queue_delay_ms"] > 10_000
+    queue = next(ln for ln in rows.values() if ln.strip().startswith("queue delay"))
+    mean_s = summary["mean_queue_delay_ms"] / 1e3
+    assert f"mean {mean_s:,.2f} s" in queue or f"mean {mean_s:,.3f} s" in queue, queue
+    assert " ms" not in queue
 
 
 def test_capacity_progress_counts_the_rates_of_a_search_without_a_total(tmp_path, capsys):

@@ -198,11 +198,13 @@ def _latency_row(summary: dict[str, Any], name: str) -> str:
     return " / ".join(_fmt(v) for v in values) + " ms"
 
 
-def _ms_or_s(value: Any) -> str:
-    """A duration given in ms, printed in s from 10 s on."""
-    if isinstance(value, (int, float)) and value == value and value >= SECONDS_ABOVE_MS:
-        return _fmt(value / 1e3, " s")
-    return _fmt(value, " ms")
+def _queue_delay_row(summary: dict[str, Any]) -> str:
+    """``mean X, p99 Y`` of the queue delay, both in ms or both in s (from 10 s on)."""
+    mean, p99 = summary["mean_queue_delay_ms"], summary["p99_queue_delay_ms"]
+    finite = [v for v in (mean, p99) if isinstance(v, (int, float)) and v == v]
+    if finite and max(finite) >= SECONDS_ABOVE_MS:
+        return f"mean {_fmt(mean / 1e3, ' s')}, p99 {_fmt(p99 / 1e3, ' s')}"
+    return f"mean {_fmt(mean, ' ms')}, p99 {_fmt(p99, ' ms')}"
 
 
 def print_summary(
@@ -238,11 +240,7 @@ def print_summary(
         rows.append((name.upper(), _latency_row(summary, name)))
     rows.extend(
         [
-            (
-                "queue delay",
-                f"mean {_ms_or_s(summary['mean_queue_delay_ms'])}, "
-                f"p99 {_ms_or_s(summary['p99_queue_delay_ms'])}",
-            ),
+            ("queue delay", _queue_delay_row(summary)),
             (
                 "iterations",
                 f"{summary['num_iterations']}, mean batch {_fmt(summary['mean_batch_size'])}, "
