@@ -76,7 +76,7 @@ from batchsim.workload import RequestTable
 
 __all__ = ["PipelineEngine"]
 
-_new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
+_new_tuple = tuple.__new__  # a named tuple without its Python-level __new__
 MAX_PREEMPTIONS_WITHOUT_TOKEN = 10_000
 """Preemptions in a row, with no batch sampling a token, before a pipeline is deemed unable
 to make progress (:meth:`PipelineEngine._check_progress`)."""
@@ -294,7 +294,7 @@ class PipelineEngine(Engine):
         requests = own.copy()
         batch = CohortBatch(cohort, cohort.version, n, [], n)
         kv_read = cohort.context_tokens()
-        shape = _new_shape(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0))
+        shape = _new_tuple(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0))
         batch.requests, batch.size = requests, n
         return SchedulerOutput(requests, [1] * n, shape, 0, n, n, n, [], batch=batch)
 
@@ -321,20 +321,23 @@ class PipelineEngine(Engine):
             ready = free[s] = start + cost.time
             busy += cost.time
         self.stage_busy_time += busy
-        total = StepCost(
-            busy + transfer * (len(costs) - 1),
-            math.fsum([c.flops for c in costs]),
-            math.fsum([c.bytes for c in costs]),
-            math.fsum([c.weight_bytes for c in costs]),
-            math.fsum([c.kv_bytes for c in costs]),
-            max([c.margin for c in costs]),
+        total = _new_tuple(
+            StepCost,
+            (
+                busy + transfer * (len(costs) - 1),
+                math.fsum([c.flops for c in costs]),
+                math.fsum([c.bytes for c in costs]),
+                math.fsum([c.weight_bytes for c in costs]),
+                math.fsum([c.kv_bytes for c in costs]),
+                max([c.margin for c in costs]),
+            ),
         )
         first = self.iterations.num_rows
         self.iterations.append(
             run_row(now, 1, ready - now, total, self.batch_row(output, cpu)),
             self.scheduler.kv_cache.usage,
         )
-        times = StepTimes(first, now, ready)
+        times = _new_tuple(StepTimes, (first, now, ready, 1))
         if self.slot_log is not None:
             self.slot_log.record(output, self.scheduler.running, first, 1)
         self._busy.add(engine)
