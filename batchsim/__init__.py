@@ -3,7 +3,7 @@
 A discrete-event simulator (SimPy) of an LLM serving engine's iteration loop with pluggable
 batching policies and a roofline cost model. Public API: :func:`run`,
 :func:`sweep`, :func:`capacity`,
-:func:`load_experiment`, :class:`Result`.
+:func:`load_experiment`, :class:`Result`, and :func:`kernel` (one kernel's predicted time).
 
 The API names are imported on first use (PEP 562), so that ``import batchsim`` and
 ``batchsim --version`` or ``--help`` load neither numpy nor pydantic.
@@ -19,6 +19,7 @@ from batchsim.version import __version__
 
 if TYPE_CHECKING:
     from batchsim.config import ExperimentConfig, load_experiment
+    from batchsim.cost.kernels import kernel
     from batchsim.simulation import Result, run
     from batchsim.studies.capacity import capacity
     from batchsim.studies.sweep import sweep
@@ -31,6 +32,7 @@ __all__ = [
     "Result",
     "__version__",
     "capacity",
+    "kernel",
     "load_experiment",
     "run",
     "sweep",
@@ -40,6 +42,7 @@ _LAZY = {
     "ExperimentConfig": "batchsim.config",
     "load_experiment": "batchsim.config",
     "Result": "batchsim.simulation",
+    "kernel": "batchsim.cost.kernels",
     "run": "batchsim.simulation",
     "capacity": "batchsim.studies.capacity",
     "sweep": "batchsim.studies.sweep",

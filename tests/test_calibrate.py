@@ -474,7 +474,7 @@ def test_unreadable_measurement_files_exit_2(
     ("argv", "expected"),
     [
         (["--ops", "nowhere"], "--ops: no such file or directory: nowhere"),
-        ([], "give --ops DIR_OR_CSV... or --e2e FILE.json..."),
+        ([], "give --ops DIR_OR_CSV..., --kernel-table GEMM_TABLE... or --e2e FILE.json..."),
         (["--ops", str(SAMPLE), "--folds", "0"], "--folds: expected a whole number >= 1"),
         (["--ops", str(SAMPLE), "--model", "gpt-9"], "--model: unknown name 'gpt-9'"),
     ],

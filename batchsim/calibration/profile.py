@@ -79,7 +79,9 @@ def calibrated_profile(
     raw, _ = read_mapping(resolve("hardware_profiles", base_name, "--hardware"))
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in ("efficiency", "cpu_overhead", "calibrated_range", "sources"):
+        # a GEMM table is relative to the terms it was fitted with: refitted terms drop it
+        # (batchsim calibrate --kernel-table writes a new one)
+        if key in ("efficiency", "cpu_overhead", "calibrated_range", "gemm_table", "sources"):
             continue
         out[key] = value
     out["name"] = name

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchsim.catalog.calibrated_range import CalibratedRange
+from batchsim.catalog.gemm_table import GemmTable
 from batchsim.errors import ConfigError
 from batchsim.validation import MAX_STEP_MS
 
@@ -278,6 +279,8 @@ class HardwareProfile:
         sources: Key path -> source of the number.
         calibrated_range: The shapes ``batchsim calibrate`` fitted the terms on, or None
             (built-in profiles: see ``docs/calibration.md``).
+        gemm_table: Measured corrections of the GEMM model (:mod:`batchsim.catalog.gemm_table`),
+            or None.
     """
 
     name: str
@@ -299,6 +302,7 @@ class HardwareProfile:
     efficiency: dict[str, float] = field(default_factory=dict, hash=False)
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     calibrated_range: CalibratedRange | None = field(default=None, compare=False, hash=False)
+    gemm_table: GemmTable | None = None
 
     def peak_flops_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``.
@@ -319,7 +323,8 @@ class HardwareProfile:
         return self.peak_flops_for(dtype) / self.memory_bandwidth
 
     def ideal(self) -> HardwareProfile:
-        """Same hardware with every efficiency 1 and every floor/overhead (GPU and CPU) 0.
+        """Same hardware with every efficiency 1, every floor/overhead (GPU and CPU) 0 and no
+        measured GEMM corrections.
 
         Datasheet numbers (peaks, bandwidths including ``host_bandwidth``, capacity) are kept.
         """
@@ -331,6 +336,7 @@ class HardwareProfile:
             efficiency=eff,
             cpu_overhead_base=0.0,
             cpu_overhead_per_seq=0.0,
+            gemm_table=None,
             **attrs,
         )
 

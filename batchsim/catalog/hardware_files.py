@@ -26,8 +26,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from batchsim.catalog import catalog_names, resolve
+from batchsim.catalog import catalog_dir, catalog_names, resolve
 from batchsim.catalog.calibrated_range import CalibratedRange
+from batchsim.catalog.gemm_table import load_gemm_table
 from batchsim.catalog.hardware import (
     _PROFILE_FIELDS,
     CPU_OVERHEAD_DEFAULTS,
@@ -61,6 +62,7 @@ _TOP_LEVEL_KEYS = (
     "efficiency",
     "cpu_overhead",
     "calibrated_range",
+    "gemm_table",
     "sources",
 )
 
@@ -114,6 +116,7 @@ class _ProfileYaml(_Schema):
     efficiency: dict[str, Any] = {}
     cpu_overhead: _CpuOverhead = _CpuOverhead()
     calibrated_range: _CalibratedRange | None = None
+    gemm_table: Annotated[str, Field(min_length=1)] | None = None
     sources: dict[str, str] = {}
 
 
@@ -247,6 +250,26 @@ def _parse(path: Path) -> HardwareProfile:
             context_tokens=pair("context_tokens"),
         )
 
+    gemm_table = None
+    if doc.gemm_table is not None:
+        table_path = Path(doc.gemm_table)
+        if table_path.is_absolute() or ".." in table_path.parts:
+            raise fail(
+                ("gemm_table",),
+                f"gemm_table must name a file beside the profile or a built-in table (no "
+                f"folders up, no absolute path), got {doc.gemm_table!r}",
+            )
+        table_file = path.parent / table_path
+        if not table_file.is_file():  # a copied built-in profile keeps the built-in table
+            builtin = catalog_dir("hardware_profiles") / table_path
+            if not builtin.is_file():
+                raise fail(
+                    ("gemm_table",),
+                    f"gemm_table: no file {table_file} (nor a built-in table of that name)",
+                )
+            table_file = builtin
+        gemm_table = load_gemm_table(table_file)
+
     attrs = {name: value for name, value in efficiency.items() if name in _PROFILE_FIELDS}
     return HardwareProfile(
         name=doc.name,
@@ -264,6 +287,7 @@ def _parse(path: Path) -> HardwareProfile:
         efficiency=efficiency,
         sources=dict(doc.sources),
         calibrated_range=calibrated,
+        gemm_table=gemm_table,
         **attrs,
     )
 

@@ -1,5 +1,5 @@
 """The ``batchsim`` command line: run, sweep, capacity, plot, report, validate, roofline,
-calibrate, list.
+calibrate, kernel, list.
 
 Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error, 130/143
 when interrupted by SIGINT/SIGTERM.
@@ -8,8 +8,9 @@ This module owns the parser, the entry points (:func:`main`, :func:`console_main
 codes and the signal handling. Each family of commands has its own module, holding its options
 and its run: :mod:`~batchsim.cli.run` (run, validate), :mod:`~batchsim.cli.studies` (sweep,
 capacity), :mod:`~batchsim.cli.pictures` (plot, report), :mod:`~batchsim.cli.calibrate`,
-:mod:`~batchsim.cli.listing` (list); ``roofline`` is :mod:`batchsim.roofline`. They import
-their heavy libraries inside the commands, so that ``--help`` and ``--version`` load none.
+:mod:`~batchsim.cli.kernel` (kernel), :mod:`~batchsim.cli.listing` (list); ``roofline``
+is :mod:`batchsim.roofline`. They import their heavy libraries inside the commands, so that
+``--help`` and ``--version`` load none.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from batchsim.cli import calibrate, listing, pictures, run, studies
+from batchsim.cli import calibrate, kernel, listing, pictures, run, studies
 from batchsim.errors import ConfigError, Interrupted
 
 COMMANDS = (
@@ -36,6 +37,7 @@ COMMANDS = (
     "validate",
     "roofline",
     "calibrate",
+    "kernel",
     "list",
 )
 
@@ -107,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=roofline.run)
 
     calibrate.add_calibrate(sub)
+    kernel.add_kernel(sub)
     listing.add_list(sub)
     return parser
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchsim.cli.args import output_path, positive_int
 from batchsim.dtypes import WEIGHT_DTYPES
-from batchsim.errors import ConfigError
+from batchsim.errors import ConfigError, write_error
 
 if TYPE_CHECKING:
     from batchsim.calibration.e2e import E2EFit
@@ -34,10 +34,11 @@ DESCRIPTION = (
     "Fit a hardware profile's terms to your own measurements and write a new profile YAML: "
     "per-operator GPU timings in the CSV layout of Vidur's profiler (--ops; fits the "
     "efficiency, fixed-time, attention, all-reduce and CPU-overhead terms they measure, and "
-    "prints the k-fold held-out error per operator group), and/or vLLM benchmark_latency / "
-    "benchmark_serving JSON results (--e2e; fits up to four aggregate terms so that simulated "
-    "runs match). The new profile records the measured range (calibrated_range:); batchsim "
-    "run warns when a run goes outside it. See docs/calibration.md."
+    "prints the k-fold held-out error per operator group), measured GEMM kernel tables "
+    "(--kernel-table; fits the GEMM terms and ships the measured corrections), and/or vLLM "
+    "benchmark_latency / benchmark_serving JSON results (--e2e; fits up to four aggregate "
+    "terms so that simulated runs match). The new profile records the measured range "
+    "(calibrated_range:); batchsim run warns when a run goes outside it. See docs/calibration.md."
 )
 
 
@@ -79,6 +80,16 @@ def add_calibrate(sub: argparse._SubParsersAction[Any]) -> None:
         default=[],
         metavar="FILE.json",
         help="vLLM benchmark_latency --output-json or benchmark_serving --save-result files",
+    )
+    p.add_argument(
+        "--kernel-table",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="GEMM_TABLE",
+        help="measured GEMM kernel tables (NVIDIA AIConfigurator's gemm_perf layout, Parquet "
+        "or CSV: gemm_dtype, m, n, k, latency in ms): fits the GEMM terms and writes the "
+        "measured corrections beside the profile as NEW_PROFILE.gemm.csv",
     )
     p.add_argument(
         "--model",
@@ -207,6 +218,7 @@ def print_e2e(fit: E2EFit, out: Any = None) -> None:
 
 
 DEFAULT_FOLDS = 5
+MIN_SCORED_US = 5.0  # batchsim.calibration.kernel_tables.MIN_SCORED_S, without importing it
 
 
 def _folds(given: int | None, meas: Any, points: list[Any]) -> int:
@@ -233,6 +245,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``batchsim calibrate``."""
     from batchsim.calibration.e2e import e2e_range, fit_e2e, read_points
     from batchsim.calibration.held_out import calibrate_ops
+    from batchsim.calibration.kernel_tables import write_gemm_table
     from batchsim.calibration.measured import read_measurements
     from batchsim.calibration.predict import with_terms, yaml_value
     from batchsim.calibration.profile import (
@@ -244,8 +257,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from batchsim.catalog.calibrated_range import CalibratedRange
     from batchsim.catalog.hardware_files import load_hardware
 
-    if not args.ops and not args.e2e:
-        raise ConfigError("give --ops DIR_OR_CSV... or --e2e FILE.json... (or both)")
+    if not args.ops and not args.e2e and not args.kernel_table:
+        raise ConfigError(
+            "give --ops DIR_OR_CSV..., --kernel-table GEMM_TABLE... or --e2e FILE.json... "
+            "(or several)"
+        )
     output = Path(args.output)
     if output.suffix not in (".yaml", ".yml"):
         raise ConfigError(f"-o: the profile must be a .yaml or .yml file, got {args.output}")
@@ -267,6 +283,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             "output_len": args.output_len,
         }
         points = read_points(args.e2e, defaults)
+
+    kernel_rows = None
+    if args.kernel_table:
+        import pandas as pd
+
+        from batchsim.calibration.kernel_tables import read_gemm_measurements
+
+        frames = [read_gemm_measurements(Path(f)) for f in args.kernel_table]
+        joined = pd.concat(frames, ignore_index=True)
+        kernel_rows = joined.groupby(["dtype", "m", "n", "k"], as_index=False).agg(
+            time_s=("time_s", "min")
+        )
+    table_path = output.with_name(f"{output.stem}.gemm.csv")
 
     folds = _folds(args.folds, meas, points)
     print(f"batchsim calibrate: {base.name} -> {name}")
@@ -309,6 +338,54 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 + f" measurements: those terms keep the values of {base.name}",
                 file=sys.stderr,
             )
+    table = None
+    if kernel_rows is not None:
+        import dataclasses
+
+        from batchsim.calibration.kernel_tables import (
+            fit_gemm_terms,
+            gemm_errors,
+            gemm_table_from,
+        )
+
+        if meas is not None:
+            print(
+                "note: --kernel-table refits the GEMM terms that --ops fitted",
+                file=sys.stderr,
+            )
+        gemm_values, _ = fit_gemm_terms(hw, kernel_rows)
+        values.update(gemm_values)
+        hw = dataclasses.replace(with_terms(hw, gemm_values), gemm_table=None)
+        table = gemm_table_from(hw, kernel_rows, source=str(table_path))
+        before = gemm_errors(base, kernel_rows, corrected=base.gemm_table is not None)
+        terms_only = gemm_errors(hw, kernel_rows, corrected=False)
+        hw = dataclasses.replace(hw, gemm_table=table)
+        after = gemm_errors(hw, kernel_rows)
+        print(
+            f"GEMM kernels of {MIN_SCORED_US:g} us or more (n, k >= 128), "
+            "|error| median / p90 % on the tables fitted"
+        )
+        rows = [
+            [
+                str(b["dtype"]),
+                f"{int(b['kernels']):,}",
+                _pct((b["median_err_pct"], b["p90_err_pct"])),
+                _pct((t["median_err_pct"], t["p90_err_pct"])),
+                _pct((a["median_err_pct"], a["p90_err_pct"])),
+            ]
+            for b, t, a in zip(
+                before.to_dict("records"), terms_only.to_dict("records"), after.to_dict("records")
+            )
+        ]
+        header = ["dtype", "kernels", "base profile", "fitted terms", "with corrections"]
+        for line in _table(header, rows):
+            print(f"  {line}")
+        names = ", ".join(Path(f).name for f in args.kernel_table)
+        sources.append(
+            f"GEMM terms ({', '.join(gemm_values)}) fitted by batchsim calibrate on the 16-bit "
+            f"GEMMs of at least {MIN_SCORED_US:g} us of the kernel tables {names} "
+            f"({len(kernel_rows):,} shapes)"
+        )
     if points:
         for point in points:
             for note in point.notes:
@@ -355,6 +432,29 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         range_source="the shapes of the measurements the terms were fitted on (batchsim "
         "calibrate); batchsim run warns outside them",
     )
-    write_profile(output, profile)
+    if table is not None:
+        profile["gemm_table"] = table_path.name
+        profile["sources"]["gemm_table"] = (
+            f"ln(measured / modelled) GEMM time per (dtype, n, k, m) of the kernel tables "
+            f"{', '.join(Path(f).name for f in args.kernel_table)}, written by batchsim calibrate"
+        )
+        existed = table_path.exists()
+        try:
+            write_gemm_table(
+                table,
+                table_path,
+                [f"GEMM corrections of hardware profile {name}", profile["sources"]["gemm_table"]],
+            )
+        except OSError as exc:
+            raise write_error(table_path, exc) from None
+        try:
+            write_profile(output, profile)
+        except BaseException:
+            if not existed:
+                table_path.unlink(missing_ok=True)
+            raise
+        print(f"wrote {table_path}")
+    else:
+        write_profile(output, profile)
     print(f"wrote {output}")
     return 0

@@ -9,8 +9,11 @@ them) and :class:`GemmPricing`, which prices it from explicit hardware terms: FL
 where ``t_compute`` counts tile and wave quantization on ``num_sms`` SMs (the library is assumed
 to pick the fastest of four tile shapes — ``tile_m x tile_n`` and halves of either, the tile
 height shrunk to the next power of two >= the rows — and of split-K factors 1-4) and
-``t_memory = bytes / bandwidth``. ``ideal=True`` is the plain roofline ``max(FLOPs / peak,
-bytes / bandwidth)``. Parameters and their derivation: ``docs/calibration.md``.
+``t_memory = bytes / bandwidth``. A measured correction (``correction``: the profile's GEMM
+table, :mod:`batchsim.catalog.gemm_table`) multiplies the time of a single (ungrouped) GEMM by
+``exp(correction(rows, n, k))``; FLOPs, bytes and the bound stay the model's. ``ideal=True`` is
+the plain roofline ``max(FLOPs / peak, bytes / bandwidth)``, without correction. Parameters
+and their derivation: ``docs/calibration.md``.
 
 Must not import anything from batchsim but :mod:`batchsim.cost.costs`: it knows nothing of
 models, layers, iterations or hardware profiles.
@@ -19,7 +22,7 @@ models, layers, iterations or hardware profiles.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from batchsim.cost.costs import ACT_BYTES, CostSum, KernelCost, smoothmax
@@ -70,10 +73,14 @@ class GemmPricing:
         tile_n: Output tile columns (features), >= :data:`MIN_TILE_N`.
         weight_bytes: Bytes per weight element (the weight dtype).
         ideal: Plain roofline: no quantization, no fixed time, no smooth transition.
+        correction: ``(rows, n, k) -> ln(measured / modelled time)`` of one ungrouped GEMM, or
+            None (ignored when ``ideal``).
     """
 
     __slots__ = (
         "_cache",
+        "_correction",
+        "_factors",
         "_peak_sm",
         "_row_tiling",
         "bandwidth",
@@ -98,6 +105,7 @@ class GemmPricing:
         tile_n: float,
         weight_bytes: float,
         ideal: bool = False,
+        correction: Callable[[float, float, float], float] | None = None,
     ) -> None:
         self.peak = peak
         self.bandwidth = bandwidth
@@ -113,6 +121,8 @@ class GemmPricing:
         )
         self._peak_sm = peak / num_sms
         self._cache: dict[tuple, float] = {}
+        self._correction = None if ideal else correction
+        self._factors: dict[tuple[float, int, int], float] = {}
         self._row_tiling: dict[float, tuple[float, tuple[int, ...]]] = {}
 
     def compute_time(self, rows: float, k: int, n: int, groups: float) -> float:
@@ -170,7 +180,22 @@ class GemmPricing:
         else:
             tc = self.compute_time(rows, gemm.k, gemm.n, wg)
             time = kernels * self.min_kernel_time + smoothmax(tc, tm, self.p)
+            if self._correction is not None and wg == 1.0:
+                time *= self.factor(rows, gemm.n, gemm.k)
         return KernelCost(flops, nbytes, weight, time, tc, tm)
+
+    def factor(self, rows: float, n: int, k: int) -> float:
+        """The measured correction of one rows x k x n GEMM's time (1.0 without one)."""
+        correction = self._correction
+        if correction is None:
+            return 1.0
+        key = (rows, n, k)
+        f = self._factors.get(key)
+        if f is None:
+            f = math.exp(correction(rows, n, k))
+            if len(self._factors) < _CACHE_LIMIT:
+                self._factors[key] = f
+        return f
 
     def add(
         self,

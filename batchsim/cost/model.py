@@ -46,7 +46,7 @@ from batchsim.cost.elementwise import ElementwisePricing
 from batchsim.cost.gemm import GemmPricing
 from batchsim.cost.layers import ElementwiseKernel, LayerKernels, activation_flops
 from batchsim.cost.shapes import BatchShape
-from batchsim.cost.terms import WEIGHT_DTYPES, HardwareTerms
+from batchsim.cost.terms import WEIGHT_DTYPES, HardwareTerms, gemm_correction
 from batchsim.dtypes import DTYPE_BYTES, resolve_kv_dtype
 from batchsim.errors import ConfigError
 
@@ -177,6 +177,7 @@ class RooflineCostModel:
             tile_n=terms.tile_n,
             weight_bytes=self._wb,
             ideal=ideal,
+            correction=gemm_correction(hardware, dtype, self.compute_dtype),
         )
         self.elementwise = ElementwisePricing(
             bandwidth=terms.elementwise_bandwidth,

@@ -16,6 +16,8 @@ Must not import anything from batchsim but :mod:`batchsim.catalog.hardware`,
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
@@ -23,7 +25,7 @@ from batchsim.cost.gemm import MIN_TILE_M, MIN_TILE_N
 from batchsim.dtypes import WEIGHT_DTYPES  # defined there for the command line's help
 from batchsim.errors import ConfigError
 
-__all__ = ["WEIGHT_DTYPES", "HardwareTerms", "compute_dtype"]
+__all__ = ["WEIGHT_DTYPES", "HardwareTerms", "compute_dtype", "gemm_correction"]
 
 
 def compute_dtype(hardware: HardwareProfile, dtype: str) -> str:
@@ -43,6 +45,24 @@ def compute_dtype(hardware: HardwareProfile, dtype: str) -> str:
     if dtype == "fp8" and has("fp8"):
         return "fp8"
     return sixteen  # weight-only quantization: dequantize and run 16-bit tensor cores
+
+
+def gemm_correction(
+    hardware: HardwareProfile, dtype: str, cdtype: str
+) -> Callable[[float, float, float], float] | None:
+    """The measured GEMM correction ``(rows, n, k) -> ln factor`` of ``hardware``'s GEMM table
+    for weights of ``dtype`` computed in ``cdtype``, or None: the table's 16-bit entries serve
+    bf16 and fp16, its fp8 entries fp8 weights on fp8 tensor cores (W8A8); weight-only paths
+    (int8, int4, fp8 on a GPU without fp8) have no entries."""
+    table = hardware.gemm_table
+    if table is None:
+        return None
+    key = "bf16" if cdtype in ("bf16", "fp16") and dtype in ("bf16", "fp16") else None
+    if dtype == "fp8" and cdtype == "fp8":
+        key = "fp8"
+    if key is None or key not in table.values:
+        return None
+    return functools.partial(table.log_factor, key)
 
 
 def _eff(hardware: HardwareProfile, key: str) -> float:
