@@ -30,7 +30,11 @@ How a row maps onto an experiment (:func:`experiment`):
   * a closed loop: ``workload.concurrency: N``, no think time, 22 N requests of exactly
     ``isl`` prompt and ``osl`` output tokens; the first 2 N (aiperf's warm-up; requests are
     numbered in the order they are sent) are left out of the means. ``scheduler.max_num_seqs
-    = N`` (the deployment's batch size; the presets' token budgets are kept);
+    = N`` (the deployment's batch size). The presets' token budgets are kept, except that a
+    TensorRT-LLM budget (no chunked context) is raised to ``isl + N`` where 8,192 is less: with
+    8,192-token prompts it would admit a prompt only once every decode had finished, which the
+    measured TTFTs rule out (AIConfigurator's generated TensorRT-LLM configs set
+    ``max_num_tokens`` to N + isl + 500, rounded up to 32);
   * disaggregated rows (``mode: disagg``): ``cluster.disaggregation`` with
     ``prefill_num_workers`` instances of ``prefill_tp_size`` GPUs and ``decode_num_workers`` of
     ``decode_tp_size`` (decode ``max_num_seqs = decode_batch_size``), KV over NVLink 4 when
@@ -125,6 +129,9 @@ LEFT_OUT = {
 """Upstream rows the data file does not hold, by reason (``benchmarks/make_silicon_rows.py``
 prints the same counts); with the file's 1,987 rows they make the upstream 5,221."""
 
+TRTLLM_TOKENS = 8192
+"""The tensorrt-llm preset's ``max_num_batched_tokens`` (TensorRT-LLM's max_num_tokens)."""
+
 WARMUP_ROUNDS = 2
 ROUNDS = 20
 SINGLE_NODE_GPUS = 8
@@ -181,6 +188,15 @@ def _check_layout(row: dict[str, str], prefix: str, model: str) -> int:
     return tp
 
 
+def _scheduler(row: dict[str, str], batch: int) -> dict[str, Any]:
+    """``scheduler:`` keys: the batch cap; for TensorRT-LLM (no chunked context), a token
+    budget that holds a whole prompt beside ``batch`` decodes when the preset's does not."""
+    keys: dict[str, Any] = {"max_num_seqs": batch}
+    if row["backend"] == "trtllm":
+        keys["max_num_batched_tokens"] = max(TRTLLM_TOKENS, int(row["isl"]) + batch)
+    return keys
+
+
 def experiment(row: dict[str, str]) -> dict[str, Any]:
     """The experiment mapping that reproduces ``row``'s deployment and benchmark.
 
@@ -221,7 +237,7 @@ def experiment(row: dict[str, str]) -> dict[str, Any]:
             "tensor_parallel_size": tp,
             "pipeline_parallel_size": _size(row, "pp_size"),
         }
-        config["scheduler"] = {"max_num_seqs": clients}
+        config["scheduler"] = _scheduler(row, clients)
         return config
     prefill_workers = _int(row, "prefill_num_workers")
     decode_workers = _int(row, "decode_num_workers")
@@ -246,7 +262,7 @@ def experiment(row: dict[str, str]) -> dict[str, Any]:
             },
         },
     }
-    config["scheduler"] = {"max_num_seqs": max(clients, decode_batch)}
+    config["scheduler"] = _scheduler(row, max(clients, decode_batch))
     return config
 
 
