@@ -54,7 +54,7 @@ their own lines and in no overall line; nothing here is fitted to any row.
 Requests per row: aiperf's 22 N. With fixed lengths the closed loop runs in lock-step waves (all
 N clients start together, so their requests stay in step), so fewer rounds would already give
 the mean to well under 1 %; but batchsim simulates a row in 0.01-1 s, so the full count costs
-little. The whole file runs in about 5 minutes on one core (``--jobs 2``: about half).
+little: the whole file takes about 3.5 minutes with ``--jobs 2`` on a 2-core machine.
 Deterministic: ``seed: 0``, and the same results with any ``--jobs``.
 """
 
