@@ -136,7 +136,9 @@ def test_the_api_names_load_on_first_use_and_are_the_objects_of_their_modules(tm
         from batchsim import run
         import batchsim.config, batchsim.simulation
         from batchsim.studies import capacity, sweep
+        import batchsim.cost.kernels
         same = {
+            "kernel": batchsim.kernel is batchsim.cost.kernels.kernel,
             "run": run is batchsim.simulation.run is batchsim.run,
             "Result": batchsim.Result is batchsim.simulation.Result,
             "load_experiment": batchsim.load_experiment is batchsim.config.load_experiment,
