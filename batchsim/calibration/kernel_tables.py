@@ -137,15 +137,8 @@ def _pricing(
     weight = _WEIGHT_DTYPE[dtype]
     t = HardwareTerms.from_profile(with_terms(hardware, terms) if terms else hardware, weight)
     table = hardware.gemm_table if corrected else None
-    return GemmPricing(
-        peak=t.peak,
-        bandwidth=t.bandwidth,
-        num_sms=t.num_sms,
-        min_kernel_time=t.min_kernel_time,
-        transition_exponent=t.transition_exponent,
-        tile_m=t.tile_m,
-        tile_n=t.tile_n,
-        weight_bytes=1.0 if weight == "fp8" else 2.0,
+    return t.gemm_pricing(
+        1.0 if weight == "fp8" else 2.0,
         correction=(
             functools.partial(table.log_factor, dtype)
             if table is not None and dtype in table.values

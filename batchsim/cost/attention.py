@@ -92,16 +92,22 @@ class AttentionGeometry:
                 head_flops_per_pair=pair,
                 qo_elems=heads * ((lora + rope) + lora),
             )
-        hd = model.head_dim
         kv_heads = math.ceil(model.num_key_value_heads / tp)  # replicated when kv_heads < tp
+        return cls.dense(heads, kv_heads, model.head_dim)
+
+    @classmethod
+    def dense(cls, query_heads: float, kv_heads: int, head_dim: int) -> AttentionGeometry:
+        """Multi-head / grouped-query attention of ``query_heads`` and ``kv_heads`` heads of
+        ``head_dim`` on one GPU."""
+        hd = head_dim
         return cls(
-            query_heads=heads,
+            query_heads=query_heads,
             kv_heads=kv_heads,
             kv_head_elems=2 * hd,
             kv_elems=2.0 * kv_heads * hd,
-            flops_per_pair=heads * 4.0 * hd,
+            flops_per_pair=query_heads * 4.0 * hd,
             head_flops_per_pair=4.0 * hd,
-            qo_elems=2.0 * heads * hd,
+            qo_elems=2.0 * query_heads * hd,
         )
 
 

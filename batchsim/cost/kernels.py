@@ -29,9 +29,9 @@ from typing import Any
 
 from batchsim.catalog.hardware import HardwareProfile
 from batchsim.catalog.hardware_files import load_hardware
-from batchsim.cost.attention import AttentionGeometry, AttentionPricing
+from batchsim.cost.attention import AttentionGeometry
 from batchsim.cost.comm import ring_all_reduce_time
-from batchsim.cost.gemm import Gemm, GemmPricing
+from batchsim.cost.gemm import Gemm
 from batchsim.cost.terms import HardwareTerms, gemm_correction
 from batchsim.dtypes import DTYPE_BYTES
 from batchsim.errors import ConfigError
@@ -100,17 +100,7 @@ def gemm_kernel(hw: HardwareProfile, m: int, n: int, k: int, dtype: str) -> Kern
             if table is not None and fp8_cores and "fp8_block" in table.values
             else None
         )
-    pricing = GemmPricing(
-        peak=terms.peak,
-        bandwidth=terms.bandwidth,
-        num_sms=terms.num_sms,
-        min_kernel_time=terms.min_kernel_time,
-        transition_exponent=terms.transition_exponent,
-        tile_m=terms.tile_m,
-        tile_n=terms.tile_n,
-        weight_bytes=DTYPE_BYTES[weight],
-        correction=correction,
-    )
+    pricing = terms.gemm_pricing(DTYPE_BYTES[weight], correction=correction)
     cost = pricing.price(Gemm(k, n), float(m))
     bound = "compute" if cost.compute_time > cost.memory_time else "memory"
     return KernelEstimate(cost.time * 1e6, bound, cost.flops, cost.bytes)
@@ -132,28 +122,8 @@ def attention_kernel(
     if heads % kv_heads:
         raise ConfigError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
     terms = HardwareTerms.from_profile(hw, "bf16")
-    geometry = AttentionGeometry(
-        query_heads=float(heads),
-        kv_heads=kv_heads,
-        kv_head_elems=2 * head_dim,
-        kv_elems=2.0 * kv_heads * head_dim,
-        flops_per_pair=heads * 4.0 * head_dim,
-        head_flops_per_pair=4.0 * head_dim,
-        qo_elems=2.0 * heads * head_dim,
-    )
-    pricing = AttentionPricing(
-        geometry,
-        kv_dtype_bytes=DTYPE_BYTES[kv_dtype],
-        peak=terms.attention_peak,
-        bandwidth=terms.bandwidth,
-        num_sms=terms.num_sms,
-        sm_bandwidth=terms.attention_sm_bandwidth,
-        kernel_time=terms.attention_kernel_time,
-        cta_time=terms.attention_cta_time,
-        combine_time=terms.attention_combine_time,
-        prefill_time=terms.attention_prefill_time,
-        masked_fraction=terms.attention_masked_fraction,
-        transition_exponent=terms.transition_exponent,
+    pricing = terms.attention_pricing(
+        AttentionGeometry.dense(float(heads), kv_heads, head_dim), DTYPE_BYTES[kv_dtype]
     )
     if phase == "generation":
         if q_len != 1:

@@ -28,7 +28,7 @@ import numpy as np
 
 from batchsim.catalog.hardware import HardwareProfile
 from batchsim.catalog.model import ModelSpec
-from batchsim.cost.attention import BLOCK_N, AttentionPricing, decode_steps_in_block
+from batchsim.cost.attention import BLOCK_N, decode_steps_in_block
 from batchsim.cost.comm import AllReducePricing
 from batchsim.cost.costs import (
     ACT_BYTES,
@@ -43,7 +43,6 @@ from batchsim.cost.costs import (
     StepCost,
 )
 from batchsim.cost.elementwise import ElementwisePricing
-from batchsim.cost.gemm import GemmPricing
 from batchsim.cost.layers import ElementwiseKernel, LayerKernels, activation_flops
 from batchsim.cost.shapes import BatchShape
 from batchsim.cost.terms import WEIGHT_DTYPES, HardwareTerms, gemm_correction
@@ -167,15 +166,8 @@ class RooflineCostModel:
                 self.layers,
                 ends=ElementwiseKernel(ends.elems * part / 2, 0.0, part * ends.launches // 2),
             )
-        self.gemm = GemmPricing(
-            peak=terms.peak,
-            bandwidth=terms.bandwidth,
-            num_sms=terms.num_sms,
-            min_kernel_time=terms.min_kernel_time,
-            transition_exponent=terms.transition_exponent,
-            tile_m=terms.tile_m,
-            tile_n=terms.tile_n,
-            weight_bytes=self._wb,
+        self.gemm = terms.gemm_pricing(
+            self._wb,
             ideal=ideal,
             correction=gemm_correction(hardware, dtype, self.compute_dtype),
         )
@@ -186,21 +178,7 @@ class RooflineCostModel:
             cache_write_bandwidth=terms.bandwidth,
             ideal=ideal,
         )
-        self.attention = AttentionPricing(
-            self.layers.attention,
-            kv_dtype_bytes=self._kvb,
-            peak=terms.attention_peak,
-            bandwidth=terms.bandwidth,
-            num_sms=terms.num_sms,
-            sm_bandwidth=terms.attention_sm_bandwidth,
-            kernel_time=terms.attention_kernel_time,
-            cta_time=terms.attention_cta_time,
-            combine_time=terms.attention_combine_time,
-            prefill_time=terms.attention_prefill_time,
-            masked_fraction=terms.attention_masked_fraction,
-            transition_exponent=terms.transition_exponent,
-            ideal=ideal,
-        )
+        self.attention = terms.attention_pricing(self.layers.attention, self._kvb, ideal=ideal)
         self.all_reduce = AllReducePricing(
             num_gpus=tp, link_bandwidth=terms.link_bandwidth, latency=terms.link_latency
         )

@@ -11,7 +11,8 @@ Compute dtype: bf16/fp16 use their peak; fp8 uses the fp8 peak when the GPU has 
 weight-only (W8A16 / W4A16) and use the 16-bit peak.
 
 Must not import anything from batchsim but :mod:`batchsim.catalog.hardware`,
-:mod:`batchsim.errors`, :mod:`batchsim.dtypes` and :mod:`batchsim.cost.gemm` (its tile limits).
+:mod:`batchsim.errors`, :mod:`batchsim.dtypes`, :mod:`batchsim.cost.gemm` and
+:mod:`batchsim.cost.attention` (the pricings it builds from the terms).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
-from batchsim.cost.gemm import MIN_TILE_M, MIN_TILE_N
+from batchsim.cost.attention import AttentionGeometry, AttentionPricing
+from batchsim.cost.gemm import MIN_TILE_M, MIN_TILE_N, GemmPricing
 from batchsim.dtypes import WEIGHT_DTYPES  # defined there for the command line's help
 from batchsim.errors import ConfigError
 
@@ -122,6 +124,47 @@ class HardwareTerms:
     link_bandwidth: float
     link_latency: float
     launch_overhead: float
+
+    def gemm_pricing(
+        self,
+        weight_bytes: float,
+        *,
+        ideal: bool = False,
+        correction: Callable[[float, float, float], float] | None = None,
+    ) -> GemmPricing:
+        """The GEMM pricing of these terms for weights of ``weight_bytes`` bytes."""
+        return GemmPricing(
+            peak=self.peak,
+            bandwidth=self.bandwidth,
+            num_sms=self.num_sms,
+            min_kernel_time=self.min_kernel_time,
+            transition_exponent=self.transition_exponent,
+            tile_m=self.tile_m,
+            tile_n=self.tile_n,
+            weight_bytes=weight_bytes,
+            ideal=ideal,
+            correction=correction,
+        )
+
+    def attention_pricing(
+        self, geometry: AttentionGeometry, kv_dtype_bytes: float, *, ideal: bool = False
+    ) -> AttentionPricing:
+        """The attention pricing of these terms for one layer of ``geometry``."""
+        return AttentionPricing(
+            geometry,
+            kv_dtype_bytes=kv_dtype_bytes,
+            peak=self.attention_peak,
+            bandwidth=self.bandwidth,
+            num_sms=self.num_sms,
+            sm_bandwidth=self.attention_sm_bandwidth,
+            kernel_time=self.attention_kernel_time,
+            cta_time=self.attention_cta_time,
+            combine_time=self.attention_combine_time,
+            prefill_time=self.attention_prefill_time,
+            masked_fraction=self.attention_masked_fraction,
+            transition_exponent=self.transition_exponent,
+            ideal=ideal,
+        )
 
     @classmethod
     def from_profile(
