@@ -27,13 +27,19 @@ How a row maps onto an experiment (:func:`experiment`):
     (:data:`FP8_KV_CHECKPOINTS`); the rows do not say which one ran;
   * ``parallel.tensor_parallel_size = tp_size``, ``pipeline_parallel_size = pp_size``. A MoE
     layer is split as its attention (batchsim has no expert parallelism);
-  * a closed loop: ``workload.concurrency: N``, no think time, 22 N requests of exactly
-    ``isl`` prompt and ``osl`` output tokens; the first 2 N (aiperf's warm-up; requests are
-    numbered in the order they are sent) are left out of the means. ``scheduler.max_num_seqs
-    = N`` (the deployment's batch size). The presets' token budgets are kept, except that a
-    TensorRT-LLM budget (no chunked context) is raised to ``isl + N`` where 8,192 is less: with
-    8,192-token prompts it would admit a prompt only once every decode had finished, which the
-    measured TTFTs rule out (AIConfigurator's generated TensorRT-LLM configs set
+  * a closed loop: ``workload.concurrency: N``, no think time, 20 N requests of exactly
+    ``isl`` prompt and ``osl`` output tokens, all N clients starting together on an idle
+    engine. That is aiperf's profiling phase: its warm-up phase (2 N requests) runs to the
+    end before the profiling phase starts (aiperf's warm-up ``grace_period`` is infinite and
+    a phase is not ``seamless`` unless configured, aiperf 0.13 ``timing/config.py``), so the
+    measured requests begin as one burst of N prompts. The warm-up leaves nothing batchsim
+    carries over (no prefix caching, random prompts), so it is not simulated.
+    ``scheduler.max_num_seqs = N`` (the deployment's batch size). The presets' token budgets
+    and scheduling are kept (SGLang's prefill first; the rows do not record engine flags such
+    as SGLang's ``--enable-mixed-chunk`` or a token budget), except that a TensorRT-LLM budget
+    (no chunked context) is raised to ``isl + N`` where 8,192 is less: with 8,192-token
+    prompts it would admit a prompt only once every decode had finished, which the measured
+    TTFTs rule out (AIConfigurator's generated TensorRT-LLM configs set
     ``max_num_tokens`` to N + isl + 500, rounded up to 32);
   * disaggregated rows (``mode: disagg``): ``cluster.disaggregation`` with
     ``prefill_num_workers`` instances of ``prefill_tp_size`` GPUs and ``decode_num_workers`` of
@@ -51,10 +57,11 @@ GB300; models not in the catalog; NVFP4 weights) are printed with their counts
 Held out: the H200 rows (and GB200's, which batchsim cannot run: no profile) are reported on
 their own lines and in no overall line; nothing here is fitted to any row.
 
-Requests per row: aiperf's 22 N. With fixed lengths the closed loop runs in lock-step waves (all
-N clients start together, so their requests stay in step), so fewer rounds would already give
-the mean to well under 1 %; but batchsim simulates a row in 0.01-1 s, so the full count costs
-little: the whole file takes about 3.5 minutes with ``--jobs 2`` on a 2-core machine.
+Requests per row: aiperf's 20 N. The first burst of N prompts waits for a whole wave of
+prefills, and how fast later rounds spread out depends on the engine's scheduler (a
+prefill-first one, SGLang's, keeps the clients in step; vLLM's mixed chunks spread them), so
+every round is simulated: batchsim takes 0.01-1 s a row, the whole file about a minute with
+``--jobs 2`` on a 2-core machine.
 Deterministic: ``seed: 0``, and the same results with any ``--jobs``.
 """
 
@@ -132,8 +139,9 @@ prints the same counts); with the file's 1,987 rows they make the upstream 5,221
 TRTLLM_TOKENS = 8192
 """The tensorrt-llm preset's ``max_num_batched_tokens`` (TensorRT-LLM's max_num_tokens)."""
 
-WARMUP_ROUNDS = 2
 ROUNDS = 20
+"""aiperf's ``--num-requests 20N`` (AIConfigurator's ``BENCH_MULTI_ROUND``); the warm-up's
+``2N`` ran before and drained."""
 SINGLE_NODE_GPUS = 8
 
 
@@ -225,7 +233,7 @@ def experiment(row: dict[str, str]) -> dict[str, Any]:
         "model": model,
         "engine": engine,
         "workload": {
-            "num_requests": (WARMUP_ROUNDS + ROUNDS) * clients,
+            "num_requests": ROUNDS * clients,
             "concurrency": clients,
             "prompt_tokens": {"dist": "fixed", "value": int(row["isl"])},
             "output_tokens": {"dist": "fixed", "value": int(row["osl"])},
@@ -276,7 +284,7 @@ class Prediction:
 
 
 def predict(row: dict[str, str]) -> Prediction:
-    """Simulate ``row`` and average TTFT and TPOT over its requests after the warm-up.
+    """Simulate ``row`` (aiperf's profiling phase) and average TTFT and TPOT over its requests.
 
     Raises:
         Unsupported: The row cannot be expressed, or batchsim refuses the experiment (its
@@ -289,9 +297,7 @@ def predict(row: dict[str, str]) -> Prediction:
     except ConfigError as exc:
         message = str(exc)
         raise Unsupported(f"batchsim refuses: {message.split(':')[0]}", message) from None
-    requests = result.requests
-    clients = int(config["workload"]["concurrency"])
-    measured = requests[requests["request_id"] >= WARMUP_ROUNDS * clients]
+    measured = result.requests
     finished = measured[measured["status"] == "finished"]
     if len(finished) != len(measured):
         raise Unsupported(

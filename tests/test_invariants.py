@@ -73,7 +73,7 @@ def experiments(draw: st.DrawFn) -> dict[str, Any]:
         "max_num_batched_tokens": draw(st.integers(8, 512)),
         "max_wait_ms": draw(st.floats(0, 200)),
     }
-    if policy == "continuous":
+    if policy in ("continuous", "chunked_prefill"):
         scheduler["mix_prefill_decode"] = draw(st.booleans())
     if policy in ("static", "dynamic"):
         scheduler["padding"] = draw(st.booleans())
@@ -330,8 +330,8 @@ def pipeline_experiments(draw: st.DrawFn) -> dict[str, Any]:
     policy = draw(st.sampled_from(["continuous", "chunked_prefill"]))
     scheduler = {k: v for k, v in data["scheduler"].items() if k != "padding"}
     scheduler["policy"] = policy
-    if policy != "continuous":
-        scheduler.pop("mix_prefill_decode", None)
+    if "mix_prefill_decode" not in scheduler:
+        scheduler["mix_prefill_decode"] = draw(st.booleans())
     out = dict(data)
     out.update(scheduler=scheduler, parallel={"pipeline_parallel_size": draw(st.integers(2, 4))})
     return out
@@ -381,8 +381,8 @@ def speculative_experiments(draw: st.DrawFn) -> dict[str, Any]:
     policy = draw(st.sampled_from(["continuous", "chunked_prefill"]))
     scheduler = {k: v for k, v in data["scheduler"].items() if k != "padding"}
     scheduler["policy"] = policy
-    if policy != "continuous":
-        scheduler.pop("mix_prefill_decode", None)
+    if "mix_prefill_decode" not in scheduler:
+        scheduler["mix_prefill_decode"] = draw(st.booleans())
     method = draw(st.sampled_from(["ngram", "draft"]))
     alpha: Any = draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
     if draw(st.booleans()):

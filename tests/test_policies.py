@@ -348,3 +348,55 @@ def test_an_iteration_keeps_its_requests_whatever_the_scheduler_does_next(policy
     assert sum(r.status == RequestStatus.CANCELLED for r in requests) == 1
     for out, requests_then in held:
         assert out.requests == requests_then
+
+
+def test_chunked_prefill_first_prefills_a_burst_before_any_decode():
+    # SGLang's default (no mixed chunk): four 3,000-token prompts under a 2,048-token budget
+    # are prefilled in ceil(12,000 / 2,048) = 6 prompt-only iterations; request i samples its
+    # first token in iteration ceil(3,000 (i + 1) / 2,048): 2, 3, 5, 6 (1-based).
+    s = create_scheduler("chunked_prefill", max_num_batched_tokens=2048, mix_prefill_decode=False)
+    burst = create_requests(4, prompt=3000, output=4)
+    for r in burst:
+        s.add_request(r)
+    for t in range(6):  # iteration t + 1 ends at t + 1
+        out, _ = step(s, float(t))
+        assert out.num_decode_seqs == 0
+        assert sum(out.num_scheduled_tokens) == min(2048, 12000 - 2048 * t)
+    assert [r.first_token_time for r in burst] == [2.0, 3.0, 5.0, 6.0]
+    out, _ = step(s, 6.0)
+    assert out.num_decode_seqs == 4 and out.num_prefill_seqs == 0
+
+
+def test_chunked_prefill_first_stalls_decodes_while_a_prompt_arrives_and_mixes_by_default():
+    stalled = create_scheduler(
+        "chunked_prefill", max_num_batched_tokens=100, mix_prefill_decode=False
+    )
+    mixed = create_scheduler("chunked_prefill", max_num_batched_tokens=100)
+    shapes = []
+    for s in (stalled, mixed):
+        for r in create_requests(3, prompt=10, output=50):
+            s.add_request(r)
+        step(s, 0.0)
+        (late,) = create_requests(1, prompt=150, output=5, arrival=1.0, start_id=3)
+        s.add_request(late)
+        shapes.append([step(s, float(t))[0].num_scheduled_tokens for t in (1, 2, 3)])
+    # prefill first: 100 + 50 prompt tokens alone (the decodes wait), then the four decode
+    assert shapes[0] == [[100], [50], [1, 1, 1, 1]]
+    # mixed (vLLM v1): the three decodes first, the prompt in chunks of what they leave
+    assert shapes[1] == [[1, 1, 1, 97], [1, 1, 1, 53], [1, 1, 1, 1]]
+
+
+def test_chunked_prefill_first_admits_a_prompt_only_with_blocks_for_all_of_it():
+    # 60 blocks of 16 tokens, a 700-token budget: the first 600-token prompt takes 38 blocks;
+    # the 100 tokens left of the budget would be the second prompt's first chunk (7 of the 22
+    # free blocks) but it waits for all of its 38, so a prompt's later chunks never wait for
+    # blocks that decodes, stalled by prefill, would never free.
+    s = create_scheduler(
+        "chunked_prefill", max_num_batched_tokens=700, mix_prefill_decode=False, num_blocks=60
+    )
+    first, second = create_requests(2, prompt=600, output=2)
+    s.add_request(first)
+    s.add_request(second)
+    out, _ = step(s, 0.0)
+    assert [r.request_id for r in out.requests] == [first.request_id]
+    assert s.kv_cache.num_free_blocks == 60 - 38

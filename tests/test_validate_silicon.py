@@ -59,7 +59,7 @@ def test_an_aggregated_row_is_a_closed_loop_of_its_clients(vs: ModuleType) -> No
     assert config["engine"]["framework"] == "vllm-v1" and config["engine"]["dtype"] == "bf16"
     assert config["parallel"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1}
     w = config["workload"]
-    assert w["concurrency"] == 16 and w["num_requests"] == 22 * 16  # 2N warm-up + 20N
+    assert w["concurrency"] == 16 and w["num_requests"] == 20 * 16  # aiperf profiling: 20N
     assert w["prompt_tokens"] == {"dist": "fixed", "value": 4000}
     assert w["output_tokens"] == {"dist": "fixed", "value": 500}
     validate_experiment(config)  # batchsim accepts it

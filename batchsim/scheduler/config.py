@@ -48,9 +48,12 @@ class SchedulerConfig(BaseModel):
     padding: StrictBool = True
     """static/dynamic: pad prompts to the longest one and keep computing finished rows
     (naive batched generate); false packs tokens and skips finished rows."""
-    mix_prefill_decode: StrictBool = False
-    """continuous: false = an iteration with prefills runs no decodes (vLLM v0);
-    true = prefills and decodes share the iteration (Orca selective batching)."""
+    mix_prefill_decode: StrictBool | None = None
+    """Whether prefills and the running decodes share an iteration. continuous (default
+    false): false = an iteration with prefills runs no decodes (vLLM v0), true = they share
+    it (Orca selective batching). chunked_prefill (default true): true = the decodes go first
+    and prompt chunks fill the budget (vLLM v1), false = an iteration with prompt chunks runs
+    no decodes (SGLang without ``--enable-mixed-chunk``)."""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     """What happens to a request evicted from a full KV cache: ``recompute`` drops its KV and
     recomputes it when the request is scheduled again (vLLM's default); ``swap`` copies its

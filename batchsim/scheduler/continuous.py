@@ -40,8 +40,9 @@ class ContinuousScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._mixes = bool(self.config.mix_prefill_decode)  # None: the default, no mixing
         # without mixing, prompts are admitted before the running requests are scheduled
-        self.admits_before_running = not self.config.mix_prefill_decode
+        self.admits_before_running = not self._mixes
 
     def policy_reject_reason(self, request: Request) -> str:
         budget = self.config.max_num_batched_tokens
@@ -77,7 +78,7 @@ class ContinuousScheduler(Scheduler):
     def schedule(self, now: float) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         preempted: list[Request] = []
-        if not self.config.mix_prefill_decode:
+        if not self._mixes:
             if not self.swapped:
                 prefills: list[Request] = []
                 prefill_tokens: list[int] = []
@@ -112,7 +113,7 @@ class ContinuousScheduler(Scheduler):
         # whole prompts, FCFS, the first one over budget if it could never fit otherwise;
         # without mixing, before the running requests (the whole budget)
         budget = self.config.max_num_batched_tokens
-        left = budget - running_tokens if self.config.mix_prefill_decode else budget
+        left = budget - running_tokens if self._mixes else budget
         return left > 0 and bool(
             self.admit_waiting(self.waiting[0], left, over_budget_above=budget, check_only=True)
         )
