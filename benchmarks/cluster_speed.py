@@ -29,6 +29,7 @@ def experiment(replicas: int | None, router: str, per_replica: int) -> dict[str,
         "seed": 0,
         "hardware": "a100-80gb",
         "model": "llama-2-7b",
+        "engine": {"framework": None},  # the plain engine, as speed.py's cases
         "scheduler": {"policy": "continuous", "max_num_seqs": 128, "max_num_batched_tokens": 4096},
         "workload": {
             "num_requests": per_replica * n,

@@ -30,16 +30,18 @@ _BASE: dict[str, Any] = {
     },
     "slo": {"ttft_ms": 300, "tpot_ms": 40},
 }
-
+_PLAIN = {"framework": None}  # batchsim's plain engine: no serving-engine preset
 EXPERIMENTS: dict[str, dict[str, Any]] = {
     "static-padded": {
         **_BASE,
         "name": "golden-static-padded",
+        "engine": _PLAIN,
         "scheduler": {"policy": "static", "max_num_seqs": 8, "padding": True},
     },
     "dynamic-cancel": {
         **_BASE,
         "name": "golden-dynamic-cancel",
+        "engine": _PLAIN,
         "scheduler": {"policy": "dynamic", "max_num_seqs": 8, "max_wait_ms": 40},
         "workload": {
             **_BASE["workload"],
@@ -49,7 +51,7 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
     "continuous-mixed-preempt": {
         **_BASE,
         "name": "golden-continuous-mixed-preempt",
-        "engine": {"num_gpu_blocks": 150},
+        "engine": {**_PLAIN, "num_gpu_blocks": 150},
         "scheduler": {
             "policy": "continuous",
             "max_num_seqs": 16,
@@ -60,7 +62,7 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
     "chunked-async-closed-loop": {
         **_BASE,
         "name": "golden-chunked-async-closed-loop",
-        "engine": {"async_scheduling": True, "cpu_overhead_ms": 4.0},
+        "engine": {**_PLAIN, "async_scheduling": True, "cpu_overhead_ms": 4.0},
         "scheduler": {
             "policy": "chunked_prefill",
             "max_num_seqs": 16,
@@ -74,6 +76,8 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
             "output_tokens": _BASE["workload"]["output_tokens"],
         },
     },
+    # no engine.framework key: the default serving engine, vllm-v1
+    "default-engine": {**_BASE, "name": "golden-default-engine"},
 }
 
 

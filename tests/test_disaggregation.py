@@ -41,8 +41,11 @@ def sim(data: dict[str, Any]) -> Result:
 
 
 def one_request(prompt: int, output: int, **overrides: Any) -> dict[str, Any]:
-    """One request at t = 0 on an idle system (chunked prefill, a budget above the prompt)."""
+    """One request at t = 0 on an idle system (chunked prefill, a budget above the prompt), on
+    the plain engine (no serving-engine preset: an idle decode instance's first step pays its
+    CPU time as every step does, as the colocated engine's does)."""
     return tiny_experiment(
+        engine={"framework": None},
         scheduler={"policy": "chunked_prefill", "max_num_batched_tokens": 4096},
         workload={
             "num_requests": 1,

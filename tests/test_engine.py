@@ -793,7 +793,7 @@ def test_swap_preemption_keeps_progress_and_pays_the_host_link(policy):
     # prompt token, and each swap costs its blocks' bytes over the host link.
     workload = poisson(40, 50.0, uniform(32, 128), uniform(32, 200))
     scheduler = {"policy": policy, "max_num_seqs": 32, "max_num_batched_tokens": 512}
-    engine = {"num_gpu_blocks": 64}
+    engine = {"num_gpu_blocks": 64, "framework": None}  # each iteration's CPU time paid
     recompute = sim(experiment(workload, scheduler, engine))
     swap, eng = sim_with_engine(
         experiment(workload, {**scheduler, "preemption_mode": "swap"}, engine)

@@ -224,8 +224,10 @@ def test_batch_of_three_pads_one_row_and_above_the_largest_size_none():
     assert (rows["num_padding_tokens"] == 1).all()
     above = simulate_data(batch_of(9, cuda_graph_max_batch_size=8))
     assert (above.iterations["num_padding_tokens"] == 0).all()
-    none = simulate_data(batch_of(9))  # no framework: today's behaviour, no padding
+    none = simulate_data(batch_of(9, framework=None))  # the plain engine: no padding
     assert (none.iterations["num_padding_tokens"] == 0).all()
+    default = simulate_data(batch_of(9))  # no framework key: vllm-v1's captured sizes
+    assert (decode_rows(default)["num_padding_tokens"] == 7).all()  # 9 rows run as 16
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -248,7 +250,7 @@ def test_all_reduce_latency_changes_a_tp2_iteration_by_latency_times_two_per_lay
         data = tiny_experiment(engine=engine, parallel={"tensor_parallel_size": 2})
         return deployment.engine_setup(validate_experiment(data)).cost_model.estimate(shape).time
 
-    nccl = time({})  # the hardware profile: 31 us
+    nccl = time({"framework": None})  # the hardware profile: 31 us
     vllm = time({"framework": "vllm-v1"})  # 8.8 us
     sglang = time({"framework": "sglang"})  # 3.9 us
     assert nccl - vllm == pytest.approx((31.0 - 8.8) * 1e-6 * 2 * layers, rel=1e-9)

@@ -316,6 +316,7 @@ def test_queue_delay_growth_of_an_overloaded_deterministic_queue_is_rho_minus_on
     # One request at a time, identical requests, one every 1/rate s: request i waits
     # i * (S - 1/rate) when S > 1/rate, so the delay grows by rate * S - 1 seconds per second.
     exp = tiny_experiment(
+        engine={"framework": None},  # the plain engine: every request's service time is S
         scheduler={"policy": "continuous", "max_num_seqs": 1},
         workload={
             "num_requests": 40,

@@ -646,7 +646,11 @@ def test_a_points_key_changes_with_its_output_block_only_when_it_is_not_the_defa
         f"{kind}/{name}.yaml": hashlib.sha256(
             (catalog_dir(kind) / f"{name}.yaml").read_bytes()
         ).hexdigest()
-        for kind, name in (("hardware_profiles", "a100-80gb"), ("models", "llama-2-7b"))
+        for kind, name in (
+            ("hardware_profiles", "a100-80gb"),
+            ("models", "llama-2-7b"),
+            ("frameworks", "vllm-v1"),  # the default serving engine
+        )
     }
     blob = json.dumps(
         {"config": data, "files": files, "version": __version__}, sort_keys=True, default=str

@@ -60,6 +60,7 @@ def pp_experiment(pp: int, **overrides: Any) -> dict[str, Any]:
 def one_request(pp: int, prompt: int, output: int) -> dict[str, Any]:
     return pp_experiment(
         pp,
+        engine={"framework": None},  # the plain engine: stage and transfer times only
         workload={
             "num_requests": 1,
             "arrival": {"process": "constant", "rate": 1.0},

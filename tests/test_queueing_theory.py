@@ -32,6 +32,7 @@ def single_server(
     workload: dict[str, Any], policy: str = "continuous", seed: int = 0
 ) -> dict[str, Any]:
     data = tiny_experiment(seed=seed)
+    data["engine"] = {"framework": None}  # the plain engine: no overlap of CPU and GPU time
     data["scheduler"] = {
         "policy": policy,
         "max_num_seqs": 1,

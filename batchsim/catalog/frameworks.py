@@ -27,6 +27,7 @@ from batchsim.errors import ConfigError
 from batchsim.yamlio import read_mapping
 
 __all__ = [
+    "DEFAULT_FRAMEWORK",
     "FRAMEWORK_BLOCKS",
     "FrameworkPreset",
     "apply_framework",
@@ -34,6 +35,11 @@ __all__ = [
     "framework_table",
     "load_framework",
 ]
+
+DEFAULT_FRAMEWORK = "vllm-v1"
+"""The preset of an experiment whose ``engine:`` block has no ``framework`` key: the serving
+engine current vLLM runs (``engine.framework: null`` asks for none: batchsim's plain engine,
+every default from the experiment schema and the hardware profile)."""
 
 FRAMEWORK_BLOCKS = ("engine", "scheduler")
 """Experiment blocks a preset may give defaults for."""
@@ -115,9 +121,10 @@ def load_framework(name: str) -> FrameworkPreset:
 def apply_framework(data: dict[str, Any], policy_keys: Any = None) -> list[str]:
     """Fill the keys of ``data``'s ``engine.framework`` preset that ``data`` does not set.
 
-    ``data`` is a raw experiment mapping (changed in place). A scheduler key is filled only if
-    the resolved policy reads it (``policy_keys(policy_name)`` returns the keys it reads, or
-    None when unknown: then every key is filled).
+    ``data`` is a raw experiment mapping (changed in place). Without an ``engine.framework``
+    key it gets :data:`DEFAULT_FRAMEWORK`; ``engine.framework: null`` fills nothing. A
+    scheduler key is filled only if the resolved policy reads it (``policy_keys(policy_name)``
+    returns the keys it reads, or None when unknown: then every key is filled).
 
     Returns:
         The dotted keys the preset filled in.
@@ -125,7 +132,9 @@ def apply_framework(data: dict[str, Any], policy_keys: Any = None) -> list[str]:
     Raises:
         ConfigError: Unknown framework name, or a block that is not a mapping.
     """
-    engine = data.get("engine")
+    engine = data.setdefault("engine", {})
+    if isinstance(engine, dict) and "framework" not in engine:
+        engine["framework"] = DEFAULT_FRAMEWORK
     if not isinstance(engine, dict) or engine.get("framework") is None:
         return []
     preset = load_framework(engine["framework"])

@@ -96,8 +96,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         staged.discard()
         if progress is not None:
             progress.close()
+    engine = config.engine.framework or "plain engine"
     print(
-        f"batchsim: {config.name} — {config.scheduler.policy} on {config.model} / {config.hardware}"
+        f"batchsim: {config.name} — {config.scheduler.policy} ({engine}) on {config.model} / "
+        f"{config.hardware}"
     )
     if config.cluster is not None and config.cluster.disaggregation is not None:
         print(f"  {_pools_line(config.cluster)}")

@@ -74,7 +74,9 @@ class EngineConfig(ConfigModel):
     framework: FrameworkName | None = None
     """Serving-engine preset (``frameworks/NAME.yaml``, ``batchsim list frameworks``): fills
     every ``engine.*`` and ``scheduler.*`` key it sets that the experiment does not set.
-    Precedence: experiment key (or ``--set``) > preset > hardware profile."""
+    Precedence: experiment key (or ``--set``) > preset > hardware profile. An experiment
+    without this key runs ``vllm-v1`` (current vLLM; ``validate_experiment`` fills it in);
+    ``null`` runs batchsim's plain engine, every default from this schema and the profile."""
     all_reduce_latency_us: StrictFloat | None = Field(None, ge=0, le=MAX_STEP_MS * 1e3)
     """Fixed time per tensor-parallel all-reduce (us); default: the hardware profile's
     ``efficiency.interconnect_latency_us`` (NCCL)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchsim.engine.request import Request, RequestStatus
+from batchsim.engine.request import Request
 from batchsim.scheduler.fast_forward import fast_forward
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput
@@ -46,8 +46,6 @@ class ChunkedPrefillScheduler(Scheduler):
         self._mixes = True if mix is None else mix
         # prefill first: prompts are admitted before the running requests are scheduled
         self.admits_before_running = not self._mixes
-        self._chunked: Request | None = None
-        """Prefill first: the running request whose prompt the last prefill iteration cut."""
 
     def schedule(self, now: float) -> SchedulerOutput:
         if not self._mixes and not self.swapped:
@@ -73,24 +71,30 @@ class ChunkedPrefillScheduler(Scheduler):
 
     def _prefill_iteration(self) -> SchedulerOutput | None:
         """Prefill first: the next chunk of the prompt cut last time, then new requests'
-        prompts, within the budget; None if there is none (a decode iteration follows)."""
+        prompts, within the budget; None if there is none (a decode iteration follows).
+
+        The prompt cut last time is the last running request: it was the last one admitted,
+        and nothing is admitted after it while it lasts (so each virtual engine of a pipeline
+        sees its own, with no state kept here)."""
         budget = self.config.max_num_batched_tokens
         requests: list[Request] = []
         tokens: list[int] = []
         preempted: list[Request] = []
-        chunked, self._chunked = self._chunked, None
-        if chunked is not None and chunked.status is RequestStatus.RUNNING:
-            q = min(chunked.num_remaining_tokens, budget)
-            computed = chunked.num_computed_tokens
-            if self.allocate_or_preempt(chunked, computed + q, preempted):
-                requests.append(chunked)
-                tokens.append(q)
-                budget -= q
-                if q < chunked.num_remaining_tokens:
-                    self._chunked = chunked
+        cut = False
+        running = self.running
+        if running:
+            last = running[-1]
+            left = last.num_remaining_tokens
+            if left > 1:  # more than its next token: a prompt (or a recompute) cut short
+                q = min(left, budget)
+                if self.allocate_or_preempt(last, last.num_computed_tokens + q, preempted):
+                    requests.append(last)
+                    tokens.append(q)
+                    budget -= q
+                    cut = q < left
         while (
             not preempted
-            and self._chunked is None
+            and not cut
             and self.waiting
             and budget > 0
             and len(self.running) < self.max_num_seqs
@@ -102,8 +106,7 @@ class ChunkedPrefillScheduler(Scheduler):
             requests.append(request)
             tokens.append(q)
             budget -= q
-            if q < request.num_remaining_tokens:
-                self._chunked = request  # cut at the budget; its KV is already allocated
+            cut = q < request.num_remaining_tokens  # cut at the budget; its KV is allocated
         if not requests and not preempted:
             return None
         return self._batch_output(requests, tokens, preempted, None)
@@ -133,9 +136,7 @@ class ChunkedPrefillScheduler(Scheduler):
         # get what the batch leaves of the budget, as now: if its chunk does not fit the KV
         # cache now, it does not later in the stretch either (free blocks never grow during
         # a stretch, and the batch, hence what it leaves, stays the same).
-        if self._chunked is not None or (
-            self._head_may_join() and self.admits_head(sum(output.num_scheduled_tokens))
-        ):
+        if self._head_may_join() and self.admits_head(sum(output.num_scheduled_tokens)):
             return 1
         return 1 << 62
 
