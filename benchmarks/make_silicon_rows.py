@@ -9,9 +9,9 @@ number of concurrent clients, with the measured mean TTFT and TPOT.
 upstream file at run time.
 
 What is kept (``benchmarks/data/README.md`` says the same):
-  * the rows on a GPU batchsim has a profile for (``h100_sxm``, ``h200_sxm``, ``b200_sxm``) and
-    of a model batchsim's catalog has (:data:`KEEP_MODELS`), in a precision batchsim has (not
-    NVFP4 weights: batchsim has no 4-bit float dtype); the others are counted (the script prints
+  * the rows on a GPU batchsim has a profile for (``h100_sxm``, ``h200_sxm``, ``b200_sxm``,
+    ``b300_sxm``, ``gb200``) and of a model batchsim's catalog has (:data:`KEEP_MODELS`), in a
+    precision batchsim has (not NVFP4 weights: batchsim has no 4-bit float dtype); the others are counted (the script prints
     the counts, which ``validate_silicon.LEFT_OUT`` repeats) but not shipped, to keep the file
     small;
   * ``row``: the row's position in the upstream file (1 = its first data row), for tracing;
@@ -38,7 +38,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "data" / "silicon_rows.csv"
 
-KEEP_SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
+KEEP_SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200")
 KEEP_MODELS = (
     "Qwen/Qwen3-32B",
     "nvidia/Qwen3-32B-NVFP4",

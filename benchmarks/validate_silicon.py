@@ -1,4 +1,4 @@
-"""End-to-end validation: batchsim against NVIDIA AIConfigurator's measurements on H100/H200/B200.
+"""End-to-end validation: batchsim against NVIDIA AIConfigurator's Hopper and Blackwell runs.
 
     python benchmarks/validate_silicon.py                  # skipped rows, then the error table
     python benchmarks/validate_silicon.py --jobs 2 --csv F # two processes; per-row CSV in F
@@ -50,12 +50,13 @@ Rows left out (counted by reason; ``--list-skipped`` prints each): attention dat
 or expert parallelism (``attention_dp_size`` or ``moe_ep_size`` > 1, also in either pool), a
 MoE whose ``moe_tp_size`` differs from ``tp_size``, disaggregated rows without worker counts
 or number of clients, a weight precision batchsim lacks, and setups batchsim refuses (weights
-that do not fit). The rows the data file does not hold (GPUs without a profile: B300, GB200,
-GB300; models not in the catalog; NVFP4 weights) are printed with their counts
+that do not fit). The rows the data file does not hold (GPUs without a profile: GB300; models
+not in the catalog; NVFP4 weights) are printed with their counts
 (:data:`LEFT_OUT`).
 
-Held out: the H200 rows (and GB200's, which batchsim cannot run: no profile) are reported on
-their own lines and in no overall line; nothing here is fitted to any row.
+Held out: the H200 and GB200 rows (their profiles are datasheets plus their family's terms,
+H100's and B200's) are reported on their own lines and in no overall line; nothing here is
+fitted to any row.
 
 Requests per row: aiperf's 20 N. The first burst of N prompts waits for a whole wave of
 prefills, and how fast later rounds spread out depends on the engine's scheduler (a
@@ -108,7 +109,13 @@ MODELS = {
 
 MOE_MODELS = frozenset({"qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"})
 
-GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
+GPUS = {
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "b300_sxm": "b300",
+    "gb200": "gb200",
+}
 """AIConfigurator's ``system`` -> batchsim's hardware profile."""
 
 FRAMEWORKS = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "tensorrt-llm"}
@@ -124,17 +131,15 @@ HELD_OUT = ("h200_sxm", "gb200")
 """GPUs whose rows are only reported, on their own lines."""
 
 LEFT_OUT = {
-    "no GPU profile: b300_sxm": 381,
-    "no GPU profile: gb200": 627,
     "no GPU profile: gb300": 277,
-    "no catalog model: MiniMaxAI/MiniMax-M2.5": 413,
-    "no catalog model: Qwen/Qwen3.5-397B-A17B": 269,
-    "no catalog model: moonshotai/Kimi-K2.5": 165,
-    "no catalog model: zhipuai/GLM-5": 76,
-    "no such dtype in batchsim: nvfp4": 1026,
+    "no catalog model: MiniMaxAI/MiniMax-M2.5": 523,
+    "no catalog model: Qwen/Qwen3.5-397B-A17B": 351,
+    "no catalog model: moonshotai/Kimi-K2.5": 241,
+    "no catalog model: zhipuai/GLM-5": 108,
+    "no such dtype in batchsim: nvfp4": 1458,
 }
 """Upstream rows the data file does not hold, by reason (``benchmarks/make_silicon_rows.py``
-prints the same counts); with the file's 1,987 rows they make the upstream 5,221."""
+prints the same counts); with the file's 2,263 rows they make the upstream 5,221."""
 
 TRTLLM_TOKENS = 8192
 """The tensorrt-llm preset's ``max_num_batched_tokens`` (TensorRT-LLM's max_num_tokens)."""
@@ -468,7 +473,7 @@ def write_csv(path: str, results: list[Result]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", choices=sorted({*GPUS, "b300_sxm", "gb200", "gb300"}))
+    parser.add_argument("--gpu", choices=sorted({*GPUS, "gb300"}))
     parser.add_argument("--framework", choices=sorted(FRAMEWORKS), help="the row's backend")
     parser.add_argument("--limit", type=int, help="only the first N selected rows")
     parser.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
