@@ -22,7 +22,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from batchsim.dtypes import DTYPE_BYTES, WEIGHT_DTYPES
+from batchsim.dtypes import KV_DTYPES as STORED_KV_DTYPES
+from batchsim.dtypes import WEIGHT_DTYPES
 from batchsim.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ DESCRIPTION = (
     "decode turns compute-bound; the table marks it)."
 )
 FORMATS = ("table", "csv", "json")
-KV_DTYPES = ("auto", *DTYPE_BYTES)
+KV_DTYPES = ("auto", *STORED_KV_DTYPES)
 DEFAULT_DECODE_CONTEXT = 1024
 MAX_KNEE_BATCH = 65536
 

@@ -51,7 +51,7 @@ or expert parallelism (``attention_dp_size`` or ``moe_ep_size`` > 1, also in eit
 MoE whose ``moe_tp_size`` differs from ``tp_size``, disaggregated rows without worker counts
 or number of clients, a weight precision batchsim lacks, and setups batchsim refuses (weights
 that do not fit). The rows the data file does not hold (GPUs without a profile: GB300; models
-not in the catalog; NVFP4 weights) are printed with their counts
+not in the catalog) are printed with their counts
 (:data:`LEFT_OUT`).
 
 Held out: the H200 and GB200 rows (their profiles are datasheets plus their family's terms,
@@ -121,7 +121,14 @@ GPUS = {
 FRAMEWORKS = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "tensorrt-llm"}
 """AIConfigurator's ``backend`` -> batchsim's serving-engine preset (``engine.framework``)."""
 
-WEIGHT_DTYPES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "int4_wo": "int4"}
+WEIGHT_DTYPES = {
+    "": "bf16",
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "fp8_block": "fp8",
+    "int4_wo": "int4",
+    "nvfp4": "nvfp4",
+}
 """``gemm_quant_mode`` / ``moe_quant_mode`` -> ``engine.dtype`` (empty: the bf16 checkpoint)."""
 
 FP8_KV_CHECKPOINTS = frozenset({"nvidia/Llama-3.1-8B-Instruct-FP8"})
@@ -136,10 +143,9 @@ LEFT_OUT = {
     "no catalog model: Qwen/Qwen3.5-397B-A17B": 351,
     "no catalog model: moonshotai/Kimi-K2.5": 241,
     "no catalog model: zhipuai/GLM-5": 108,
-    "no such dtype in batchsim: nvfp4": 1458,
 }
 """Upstream rows the data file does not hold, by reason (``benchmarks/make_silicon_rows.py``
-prints the same counts); with the file's 2,263 rows they make the upstream 5,221."""
+prints the same counts); with the file's 3,721 rows they make the upstream 5,221."""
 
 TRTLLM_TOKENS = 8192
 """The tensorrt-llm preset's ``max_num_batched_tokens`` (TensorRT-LLM's max_num_tokens)."""

@@ -73,10 +73,10 @@ def test_every_profile_loads_with_positive_si_values(name: str) -> None:
     assert hw.interconnect_bandwidth > 0
     assert hw.num_compute_units > 0
     assert hw.peak_flops_for("bf16") > 1e14
-    assert set(hw.peak_flops) == {"bf16", "fp16", "fp8", "int8", "int4"}
+    assert set(hw.peak_flops) == {"bf16", "fp16", "fp8", "int8", "int4", "fp4"}
     # Dense datasheet peaks: low-precision rates are at least the bf16 rate when supported,
     # but for Blackwell Ultra's cut-down INT8, which its source states
-    for dtype in ("fp8", "int8", "int4"):
+    for dtype in ("fp8", "int8", "int4", "fp4"):
         value = hw.peak_flops[dtype]
         cut = dtype == "int8" and "INT8 153.5 TOPS" in hw.sources["peak_tflops"]
         assert value is None or value >= hw.peak_flops_for("bf16") or cut
@@ -361,8 +361,8 @@ def test_unknown_key_is_rejected_with_allowed_keys(tmp_path: Path) -> None:
 
 
 def test_unknown_nested_keys_are_rejected(tmp_path: Path) -> None:
-    path = _profile(tmp_path, lambda r: r["peak_tflops"].update(fp4=9000))
-    assert "peak_tflops.fp4: unknown key" in _error(path)
+    path = _profile(tmp_path, lambda r: r["peak_tflops"].update(fp6=9000))
+    assert "peak_tflops.fp6: unknown key" in _error(path)
     path = _profile(tmp_path, lambda r: r["efficiency"].update(comput=0.5))
     assert "efficiency.comput: unknown key; allowed keys here: compute, memory" in _error(path)
     path = _profile(tmp_path, lambda r: r["sources"].update(memory_gbb="x"))

@@ -188,7 +188,7 @@ def test_read_gemm_measurements_keeps_the_fastest_kernel(tmp_path: Path) -> None
         ("gemm_dtype,m,n,k\nbfloat16,1,2,3\n", "missing latency"),
         ("gemm_dtype,m,n,k,latency\nbfloat16,1,2,3,-1\n", "latency must be a positive number"),
         ("gemm_dtype,m,n,k,latency\nbfloat16,1,2.5,3,1\n", "column n must hold positive integers"),
-        ("gemm_dtype,m,n,k,latency\nnvfp4,1,2,3,1\n", "no rows of a dtype batchsim prices"),
+        ("gemm_dtype,m,n,k,latency\nmxfp8,1,2,3,1\n", "no rows of a dtype batchsim prices"),
     ],
 )
 def test_bad_kernel_table_is_exit_2_and_writes_nothing(

@@ -213,11 +213,12 @@ def test_weight_bytes_scale_with_dtype_and_int4_ignores_group_scales() -> None:
     assert spec.weight_bytes("int8") == fp16 / 2
     assert spec.weight_bytes("int4") == fp16 / 4  # documented: scales/zeros not counted
     assert spec.weight_bytes("fp32") == 2 * fp16
-    assert set(DTYPE_BYTES) == {"fp32", "fp16", "bf16", "fp8", "int8", "int4"}
+    assert spec.weight_bytes("nvfp4") == fp16 * 4.5 / 16  # counted: an 8-bit scale per 16
+    assert set(DTYPE_BYTES) == {"fp32", "fp16", "bf16", "fp8", "int8", "int4", "nvfp4"}
 
 
 def test_unknown_dtype_lists_allowed_ones() -> None:
-    with pytest.raises(ConfigError, match="allowed: fp32, fp16, bf16, fp8, int8, int4"):
+    with pytest.raises(ConfigError, match="allowed: fp32, fp16, bf16, fp8, int8, int4, nvfp4"):
         load_model("llama-2-7b").weight_bytes("fp6")
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         load_model("llama-2-7b").kv_bytes_per_token("int3")

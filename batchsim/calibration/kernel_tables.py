@@ -37,6 +37,7 @@ from batchsim.catalog.gemm_table import MAX_VALUE, TABLE_DTYPES, GemmTable
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
 from batchsim.cost.gemm import Gemm, GemmPricing
 from batchsim.cost.terms import HardwareTerms
+from batchsim.dtypes import DTYPE_BYTES
 from batchsim.errors import ConfigError
 from batchsim.yamlio import MAX_DATA_BYTES, read_text
 
@@ -65,8 +66,9 @@ _DTYPES = {
     "fp16": "bf16",
     "fp8": "fp8",
     "fp8_block": "fp8_block",
+    "nvfp4": "nvfp4",
 }
-_WEIGHT_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8"}
+_WEIGHT_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4"}
 
 
 def read_gemm_measurements(path: Path) -> pd.DataFrame:
@@ -138,7 +140,7 @@ def _pricing(
     t = HardwareTerms.from_profile(with_terms(hardware, terms) if terms else hardware, weight)
     table = hardware.gemm_table if corrected else None
     return t.gemm_pricing(
-        1.0 if weight == "fp8" else 2.0,
+        DTYPE_BYTES[weight],
         correction=(
             functools.partial(table.log_factor, dtype)
             if table is not None and dtype in table.values

@@ -38,7 +38,7 @@ from batchsim.yamlio import read_text
 
 __all__ = ["MAX_TABLE_BYTES", "TABLE_DTYPES", "GemmTable", "load_gemm_table"]
 
-TABLE_DTYPES = ("bf16", "fp8", "fp8_block")
+TABLE_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
 """Dtypes a GEMM table may hold: 16-bit, fp8 with per-tensor scales, fp8 with block scales."""
 MAX_TABLE_BYTES = 8 * 2**20
 """Largest GEMM table file read."""

@@ -31,7 +31,7 @@ __all__ = [
     "HardwareProfile",
 ]
 
-DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 """Compute dtypes a profile lists under ``peak_tflops`` (ints are TOPS)."""
 
 

@@ -81,6 +81,7 @@ class _PeakTflops(_Schema):
     fp8: _Tflops | None = None
     int8: _Tflops | None = None
     int4: _Tflops | None = None
+    fp4: _Tflops | None = None
 
 
 class _CpuOverhead(_Schema):

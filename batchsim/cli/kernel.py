@@ -62,9 +62,10 @@ def add_kernel(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--k", type=_whole, required=True, help="input features")
     g.add_argument(
         "--dtype",
-        choices=("bf16", "fp16", "fp8", "fp8_block"),
+        choices=("bf16", "fp16", "fp8", "fp8_block", "nvfp4"),
         default="bf16",
-        help="weights (and activations for fp8): fp8 per-tensor or fp8_block block scales",
+        help="weights (and activations for fp8 and, on FP4 tensor cores, nvfp4): fp8 "
+        "per-tensor or fp8_block block scales, nvfp4 16-value blocks",
     )
     a = kinds.add_parser("attention", help="one layer's attention kernel on one GPU")
     a.add_argument("--phase", choices=("context", "generation"), required=True)

@@ -25,7 +25,7 @@ from batchsim.validation import (
     number_problem,
 )
 
-WeightDtype = Literal["fp16", "bf16", "fp8", "int8", "int4"]
+WeightDtype = Literal["fp16", "bf16", "fp8", "int8", "int4", "nvfp4"]
 KvDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 FrameworkName = Literal["vllm-v0", "vllm-v1", "sglang", "tensorrt-llm", "lmdeploy"]
 
@@ -49,7 +49,8 @@ class EngineConfig(ConfigModel):
     block_size: StrictInt = Field(16, ge=1, le=MAX_TOKENS)
     """Tokens per KV-cache block."""
     dtype: WeightDtype = "bf16"
-    """Weight precision (int8/int4 are weight-only quantization computing in bf16)."""
+    """Weight precision (int8/int4 are weight-only quantization computing in bf16; nvfp4 runs
+    on FP4 tensor cores where the GPU has them, else weight-only)."""
     kv_cache_dtype: KvDtype = "auto"
     """KV-cache precision; ``auto`` = same as ``dtype`` (fp16 for int weights)."""
     max_model_len: StrictInt | None = Field(None, ge=1, le=2 * MAX_TOKENS)

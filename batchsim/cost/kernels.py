@@ -40,7 +40,7 @@ from batchsim.validation import number_problem
 __all__ = ["GEMM_DTYPES", "KERNEL_KINDS", "KV_DTYPES", "KernelEstimate", "kernel"]
 
 KERNEL_KINDS = ("gemm", "attention", "allreduce")
-GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp8_block")
+GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 PHASES = ("context", "generation")
 _MAX_DIM = 2**24

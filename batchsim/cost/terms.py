@@ -46,6 +46,8 @@ def compute_dtype(hardware: HardwareProfile, dtype: str) -> str:
         return dtype
     if dtype == "fp8" and has("fp8"):
         return "fp8"
+    if dtype == "nvfp4" and has("fp4"):
+        return "fp4"
     return sixteen  # weight-only quantization: dequantize and run 16-bit tensor cores
 
 
@@ -62,6 +64,8 @@ def gemm_correction(
     key = "bf16" if cdtype in ("bf16", "fp16") and dtype in ("bf16", "fp16") else None
     if dtype == "fp8" and cdtype == "fp8":
         key = "fp8"
+    if dtype == "nvfp4" and cdtype == "fp4":
+        key = "nvfp4"
     if key is None or key not in table.values:
         return None
     return functools.partial(table.log_factor, key)
