@@ -326,7 +326,8 @@ HEADS_30 = ("--heads", "30", "--kv-heads", "8", "--head-dim", "128")
             [*ATTN, "--phase", "generation", "--batch", "1", "--kv-len", "9", *HEADS_30],
             "heads (30) must be a multiple of kv_heads (8)",
         ),
-        (["--hardware", "h100-sxm", "moe"], "invalid choice: 'moe'"),
+        (["--hardware", "h100-sxm", "conv"], "invalid choice: 'conv'"),
+        (["--hardware", "h100-sxm", "moe", "--tokens", "1"], "arguments are required: --hidden"),
     ],
 )
 def test_kernel_bad_input_is_exit_2(
@@ -344,5 +345,37 @@ def test_kernel_api_rejects_unknown_and_missing_keywords() -> None:
         kernel("h100-sxm", "gemm", m=1, n=1)
     with pytest.raises(ConfigError, match="m must be an integer"):
         kernel("h100-sxm", "gemm", m=1.5, n=1, k=1)
-    with pytest.raises(ConfigError, match="kind must be one of gemm, attention, allreduce"):
+    with pytest.raises(ConfigError, match="kind must be one of gemm, attention, moe, allreduce"):
         kernel("h100-sxm", "conv", m=1)
+
+
+def test_moe_kernel_prices_the_touched_experts_gemms() -> None:
+    # One token routed to k of E experts touches exactly k of them: FLOPs 2 x k x 3 h i (gate,
+    # up and down of a gated expert), weight bytes k x 3 h i x bytes per weight (fp8: 1)
+    h, i, k, e = 4096, 2048, 6, 256
+    one = kernel("h100-sxm", "moe", tokens=1, hidden=h, inter=i, top_k=k, experts=e, dtype="fp8")
+    assert one.flops == 2 * k * 3 * h * i
+    activations = 2 * (h + 2 * i) + 2 * (i + h)  # 16-bit in and out of each GEMM, per expert
+    assert one.bytes == pytest.approx(k * (3 * h * i + activations), rel=1e-12)
+    assert one.bound == "memory"
+    # tensor parallelism splits each expert: 1/4 of the FLOPs and weights per GPU
+    tp4 = kernel(
+        "h100-sxm", "moe", tokens=1, hidden=h, inter=i, top_k=k, experts=e, tp=4, dtype="fp8"
+    )
+    assert tp4.flops == one.flops / 4
+
+
+def test_kernel_moe_command(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["kernel", "--hardware", "b200", "--json", "moe", "--tokens", "64", "--hidden"]
+    argv += ["7168", "--inter", "2048", "--top-k", "8", "--experts", "256", "--tp", "8"]
+    assert cli.main([*argv, "--dtype", "nvfp4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    api = kernel(
+        "b200", "moe", tokens=64, hidden=7168, inter=2048, top_k=8, experts=256, tp=8, dtype="nvfp4"
+    )
+    assert out["time_us"] == pytest.approx(api.time_us, rel=1e-12)
+    bad = ["kernel", "--hardware", "b200", "moe", "--tokens", "1", "--hidden", "8", "--inter"]
+    assert cli.main([*bad, "6", "--top-k", "9", "--experts", "8"]) == 2
+    assert "top_k (9) must be at most experts (8)" in capsys.readouterr().err
+    assert cli.main([*bad, "6", "--top-k", "1", "--experts", "8", "--tp", "4"]) == 2
+    assert "inter (6) must be a multiple of tp (4)" in capsys.readouterr().err

@@ -20,7 +20,9 @@ DESCRIPTION = (
 EPILOG = (
     "Examples: batchsim kernel --hardware h100-sxm gemm --m 128 --n 4096 --k 4096 --dtype fp8; "
     "batchsim kernel --hardware h200 attention --phase generation --batch 64 --kv-len 2048 "
-    "--heads 32 --kv-heads 8 --head-dim 128; batchsim kernel --hardware b200 allreduce "
+    "--heads 32 --kv-heads 8 --head-dim 128; batchsim kernel --hardware h100-sxm moe --tokens 256 "
+    "--hidden 7168 --inter 2048 --top-k 8 --experts 256 --tp 8 --dtype fp8_block; "
+    "batchsim kernel --hardware b200 allreduce "
     "--size-bytes 1048576 --gpus 8 --json"
 )
 
@@ -47,7 +49,7 @@ def add_kernel(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the ``kernel`` command and its kinds to ``sub``."""
     p = sub.add_parser(
         "kernel",
-        help="predict one kernel's time (GEMM, attention, all-reduce) on a GPU profile",
+        help="predict one kernel's time (GEMM, attention, MoE, all-reduce) on a GPU profile",
         description=DESCRIPTION,
         epilog=EPILOG,
     )
@@ -78,6 +80,14 @@ def add_kernel(sub: argparse._SubParsersAction[Any]) -> None:
     a.add_argument("--kv-heads", type=_whole, required=True, help="KV heads on the GPU")
     a.add_argument("--head-dim", type=_whole, required=True)
     a.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
+    e = kinds.add_parser("moe", help="the routed experts' GEMMs of one MoE layer")
+    e.add_argument("--tokens", type=_whole, required=True, help="tokens routed")
+    e.add_argument("--hidden", type=_whole, required=True, help="hidden size")
+    e.add_argument("--inter", type=_whole, required=True, help="one expert's intermediate size")
+    e.add_argument("--top-k", type=_whole, required=True, help="experts per token")
+    e.add_argument("--experts", type=_whole, required=True, help="routed experts")
+    e.add_argument("--tp", type=_whole, default=1, help="tensor parallelism of the experts")
+    e.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "fp8_block", "nvfp4"), default="bf16")
     r = kinds.add_parser("allreduce", help="one ring all-reduce")
     r.add_argument("--size-bytes", type=_whole, required=True, help="message size, bytes")
     r.add_argument("--gpus", type=_whole, required=True, help="GPUs in the ring")
@@ -101,6 +111,16 @@ def _cmd_kernel(args: argparse.Namespace) -> int:
             "kv_heads": args.kv_heads,
             "head_dim": args.head_dim,
             "kv_dtype": args.kv_dtype,
+        }
+    elif args.kind == "moe":
+        shape = {
+            "tokens": args.tokens,
+            "hidden": args.hidden,
+            "inter": args.inter,
+            "top_k": args.top_k,
+            "experts": args.experts,
+            "tp": args.tp,
+            "dtype": args.dtype,
         }
     else:
         shape = {"size_bytes": args.size_bytes, "gpus": args.gpus}

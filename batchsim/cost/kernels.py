@@ -12,10 +12,15 @@ uses (the GEMM correction grid included):
   (``batch`` decode rows, each reading ``kv_len`` cached tokens and its own new key), with
   ``heads`` query heads, ``kv_heads`` KV heads of ``head_dim`` on one GPU and the KV cache in
   ``kv_dtype``.
+- ``moe``: the routed experts of one MoE layer (a fused MoE kernel's GEMMs): ``tokens`` rows,
+  each sent to ``top_k`` of ``experts`` experts of ``hidden`` -> ``inter`` (gated: gate and up,
+  then down), split over ``tp`` GPUs by tensor parallelism, weights in ``dtype`` — the grouped
+  GEMMs over the experts the tokens touch (uniform routing), as a simulation prices them. The
+  router GEMM, the activation and the token permutation are not in it.
 - ``allreduce``: one ring all-reduce of ``size_bytes`` over ``gpus`` GPUs.
 
 Each returns a :class:`KernelEstimate`: time, FLOPs, bytes and the bound — ``"compute"`` or
-``"memory"`` for GEMM and attention (the larger of the kernel's compute and memory times),
+``"memory"`` for GEMM, MoE and attention (the larger of the kernel's compute and memory times),
 ``"latency"`` or ``"bandwidth"`` for an all-reduce (its fixed latency against its transfer).
 
 Must not import anything from batchsim above the cost model.
@@ -31,7 +36,9 @@ from batchsim.catalog.hardware import HardwareProfile
 from batchsim.catalog.hardware_files import load_hardware
 from batchsim.cost.attention import AttentionGeometry
 from batchsim.cost.comm import ring_all_reduce_time
+from batchsim.cost.costs import CostSum
 from batchsim.cost.gemm import Gemm
+from batchsim.cost.moe import expected_experts
 from batchsim.cost.terms import HardwareTerms, gemm_correction
 from batchsim.dtypes import DTYPE_BYTES
 from batchsim.errors import ConfigError
@@ -39,7 +46,7 @@ from batchsim.validation import number_problem
 
 __all__ = ["GEMM_DTYPES", "KERNEL_KINDS", "KV_DTYPES", "KernelEstimate", "kernel"]
 
-KERNEL_KINDS = ("gemm", "attention", "allreduce")
+KERNEL_KINDS = ("gemm", "attention", "moe", "allreduce")
 GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 PHASES = ("context", "generation")
@@ -137,6 +144,34 @@ def attention_kernel(
     return KernelEstimate(cost.time * 1e6, bound, cost.flops, cost.bytes)
 
 
+def moe_kernel(
+    hw: HardwareProfile,
+    *,
+    tokens: int,
+    hidden: int,
+    inter: int,
+    top_k: int,
+    experts: int,
+    tp: int,
+    dtype: str,
+) -> KernelEstimate:
+    """The routed experts of one MoE layer (see the module docstring)."""
+    if top_k > experts:
+        raise ConfigError(f"top_k ({top_k}) must be at most experts ({experts})")
+    if inter % tp:
+        raise ConfigError(f"inter ({inter}) must be a multiple of tp ({tp})")
+    weight = "fp8" if dtype == "fp8_block" else dtype
+    terms = HardwareTerms.from_profile(hw, weight)
+    pricing = terms.gemm_pricing(DTYPE_BYTES[weight])  # grouped: no measured correction
+    width = inter // tp
+    gemms = (Gemm(hidden, 2 * width, float(experts)), Gemm(width, hidden, float(experts)))
+    touched = expected_experts(float(experts), float(top_k), float(tokens))
+    acc = CostSum()
+    pricing.add(acc, gemms, tokens * top_k / touched, 1.0, weight_groups=touched)
+    bound = "compute" if acc.compute_time > acc.memory_time else "memory"
+    return KernelEstimate(acc.time * 1e6, bound, acc.flops, acc.bytes)
+
+
 def allreduce_kernel(hw: HardwareProfile, size_bytes: int, gpus: int) -> KernelEstimate:
     """One ring all-reduce (see the module docstring)."""
     terms = HardwareTerms.from_profile(hw, "bf16")
@@ -156,6 +191,8 @@ def kernel(hardware: HardwareProfile | str, kind: str, **shape: Any) -> KernelEs
         kernel("h100-sxm", "gemm", m=128, n=4096, k=4096, dtype="bf16")
         kernel("h100-sxm", "attention", phase="generation", batch=64, kv_len=2048,
                heads=32, kv_heads=8, head_dim=128, kv_dtype="bf16")
+        kernel("h100-sxm", "moe", tokens=256, hidden=7168, inter=2048, top_k=8,
+               experts=256, tp=8, dtype="fp8_block")
         kernel("h100-sxm", "allreduce", size_bytes=2**20, gpus=8)
 
     Raises:
@@ -166,11 +203,13 @@ def kernel(hardware: HardwareProfile | str, kind: str, **shape: Any) -> KernelEs
     required: dict[str, tuple[str, ...]] = {
         "gemm": ("m", "n", "k"),
         "attention": ("phase", "batch", "kv_len", "heads", "kv_heads", "head_dim"),
+        "moe": ("tokens", "hidden", "inter", "top_k", "experts"),
         "allreduce": ("size_bytes", "gpus"),
     }
     optional: dict[str, dict[str, Any]] = {
         "gemm": {"dtype": "bf16"},
         "attention": {"q_len": None, "kv_dtype": "bf16"},
+        "moe": {"tp": 1, "dtype": "bf16"},
         "allreduce": {},
     }
     unknown = sorted(set(shape) - set(required[kind]) - set(optional[kind]))
@@ -207,6 +246,17 @@ def kernel(hardware: HardwareProfile | str, kind: str, **shape: Any) -> KernelEs
             kv_heads=_count("kv_heads", values["kv_heads"], hi=4096),
             head_dim=_count("head_dim", values["head_dim"], hi=4096),
             kv_dtype=_choice("kv_dtype", values["kv_dtype"], KV_DTYPES),
+        )
+    if kind == "moe":
+        return moe_kernel(
+            hw,
+            tokens=_count("tokens", values["tokens"]),
+            hidden=_count("hidden", values["hidden"]),
+            inter=_count("inter", values["inter"]),
+            top_k=_count("top_k", values["top_k"], hi=4096),
+            experts=_count("experts", values["experts"], hi=65536),
+            tp=_count("tp", values["tp"], hi=4096),
+            dtype=_choice("dtype", values["dtype"], GEMM_DTYPES),
         )
     size = _count("size_bytes", values["size_bytes"], hi=2**40)
     return allreduce_kernel(hw, size, _count("gpus", values["gpus"], hi=4096))
