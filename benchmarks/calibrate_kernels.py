@@ -37,6 +37,11 @@ from batchsim.calibration.kernel_tables import (  # noqa: E402
     read_gemm_measurements,
     write_gemm_table,
 )
+from batchsim.calibration.moe_tables import (  # noqa: E402
+    fit_moe_compute,
+    moe_errors,
+    read_moe_measurements,
+)
 from batchsim.calibration.predict import with_terms  # noqa: E402
 from batchsim.catalog.hardware_files import load_hardware  # noqa: E402
 
@@ -55,8 +60,25 @@ START = {"compute": 0.72, "memory": 0.8, "min_kernel_time_us": 5.0, "transition_
 """Where every fit starts: the values fitted to A100 operator timings (docs/calibration.md)."""
 
 
-def table_path(aic: Path, system: str, framework: str) -> Path:
-    return aic / DATA / system / "gemm" / framework / "gemm_perf.parquet"
+def table_path(aic: Path, system: str, framework: str, kind: str = "gemm") -> Path:
+    return aic / DATA / system / kind / framework / f"{kind}_perf.parquet"
+
+
+def set_moe_compute(yaml_path: Path, value: float, note: str) -> None:
+    """Rewrite ``efficiency.moe_compute`` and its note in ``sources.efficiency``."""
+    text = yaml_path.read_text(encoding="utf-8")
+    text, n = re.subn(r"(?m)^(  moe_compute: ).*$", rf"\g<1>{value:g}", text)
+    if n != 1:
+        raise SystemExit(f"{yaml_path}: no single efficiency.moe_compute line")
+    text = re.sub(r"; moe_compute [^;\"\\]*\\?", "", text)  # the note of a previous run
+    text, n = re.subn(
+        r'(?m)^(  efficiency: ".*)"$',
+        lambda m: f'{m.group(1)}; moe_compute {value:g}: {note}"',
+        text,
+    )
+    if n != 1:
+        raise SystemExit(f"{yaml_path}: no single sources.efficiency line")
+    yaml_path.write_text(text, encoding="utf-8")
 
 
 def set_terms(yaml_path: Path, terms: dict[str, float], table: str, source: str) -> None:
@@ -123,9 +145,32 @@ def main(argv: list[str] | None = None) -> int:
             f"{name}.gemm.csv: {source}. GEMM terms of efficiency (compute, memory, "
             "min_kernel_time_us, transition_exponent) fitted on the same table's 16-bit GEMMs",
         )
+        moe_path = table_path(args.aic, system, framework, "moe")
+        moe_rows = read_moe_measurements(moe_path)
+        moe = fit_moe_compute(with_terms(fitted, {}), moe_rows)
+        moe_rel = f"{DATA}/{system}/moe/{framework}/moe_perf.parquet"
+        print(f"  moe_compute {moe:g} (bf16 fused MoE kernels of {moe_rel})")
+        for _, e in moe_errors(with_terms(fitted, {"moe_compute": moe}), moe_rows).iterrows():
+            print(
+                f"  moe {e['dtype']:9s} {int(e['kernels']):>5,} kernels >= 5 us: |error| median / "
+                f"p90 {e['median_err_pct']:.1f} / {e['p90_err_pct']:.1f} %"
+            )
+        if args.check:
+            continue
+        set_moe_compute(
+            profiles / f"{name}.yaml",
+            moe,
+            f"fitted on the bf16 fused MoE kernels (>= 5 us, balanced routing, no EP) of "
+            f"{AIC} at {AIC_COMMIT}, {moe_rel} by benchmarks/calibrate_kernels.py",
+        )
         for held, family in FAMILY.items():
             if family != name:
                 continue
+            set_moe_compute(
+                profiles / f"{held}.yaml",
+                moe,
+                f"{name}'s fitted value (held out: nothing fitted on this GPU's tables)",
+            )
             set_terms(
                 profiles / f"{held}.yaml",
                 terms,

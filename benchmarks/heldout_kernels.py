@@ -20,10 +20,10 @@ beside it.
 Then the fused MoE kernels of each GPU's ``moe/vllm/0.24.0/moe_perf.parquet`` (balanced
 routing, no expert parallelism; bf16, fp8 per-tensor, fp8 block-scaled and, where measured,
 NVFP4 experts), priced by ``batchsim kernel moe`` — the routed experts' grouped GEMMs as a
-simulation prices them. Nothing of it is fitted on any MoE table yet, on any GPU: the lines
-are the model's error as it stands (the measured kernel also routes, permutes and activates
-the tokens, which the price leaves out). Attention and all-reduce kernels are not in this
-script yet (docs/calibration.md).
+simulation prices them, with the profile's ``moe_compute`` (fitted on the bf16 MoE kernels of
+H100, B200 and B300 by ``benchmarks/calibrate_kernels.py``; H200 and GB200 take their
+family's). The measured kernel also routes, permutes and activates the tokens, which the price
+leaves out. Attention and all-reduce kernels are not in this script yet (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -37,13 +37,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
 from batchsim.calibration.kernel_tables import gemm_errors, read_gemm_measurements  # noqa: E402
+from batchsim.calibration.moe_tables import moe_errors, read_moe_measurements  # noqa: E402
 from batchsim.catalog.hardware import EFFICIENCY_KEYS  # noqa: E402
 from batchsim.catalog.hardware_files import load_hardware  # noqa: E402
-from batchsim.cost.kernels import kernel  # noqa: E402
 
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
 CASES = (
@@ -54,11 +51,7 @@ CASES = (
     ("fitted", "b200", "b200", "b200_sxm"),
     ("fitted", "b300", "b300", "b300_sxm"),
 )
-GEMM_TERMS = ("compute", "memory", "min_kernel_time_us", "transition_exponent")
-MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
-"""AIConfigurator's ``moe_dtype`` -> ``batchsim kernel moe --dtype`` (weight-only int4 and
-MXFP4 experts are left out: batchsim has no such MoE weight dtype)."""
-MIN_MOE_S = 5e-6
+GEMM_TERMS = ("compute", "memory", "min_kernel_time_us", "transition_exponent", "moe_compute")
 
 
 def profile(spec: str):  # type: ignore[no-untyped-def]
@@ -109,49 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def moe_errors(hw, path: Path) -> pd.DataFrame:  # type: ignore[no-untyped-def]
-    """Per dtype: kernels, median / p90 |error| % and median signed error % of ``hw``'s MoE
-    price against the measured fused MoE kernels of ``path`` (>= 5 us, balanced routing,
-    expert parallelism 1, the fastest kernel per shape)."""
-    d = pd.read_parquet(path)
-    d = d[(d["moe_ep_size"] == 1) & (d["distribution"] == "balanced")]
-    d = d[d["moe_dtype"].isin(list(MOE_DTYPES))]
-    keys = ["moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts"]
-    keys.append("moe_tp_size")
-    d = d.groupby(keys, as_index=False)["latency"].min()
-    d = d[d["latency"] * 1e-3 >= MIN_MOE_S]
-    out = []
-    for dtype, rows in d.groupby("moe_dtype"):
-        measured = rows["latency"].to_numpy() * 1e3  # ms -> us
-        predicted = np.array(
-            [
-                kernel(
-                    hw,
-                    "moe",
-                    tokens=int(r.num_tokens),
-                    hidden=int(r.hidden_size),
-                    inter=int(r.inter_size),
-                    top_k=int(r.topk),
-                    experts=int(r.num_experts),
-                    tp=int(r.moe_tp_size),
-                    dtype=MOE_DTYPES[str(dtype)],
-                ).time_us
-                for r in rows.itertuples()
-            ]
-        )
-        err = predicted / measured - 1.0
-        out.append(
-            {
-                "dtype": MOE_DTYPES[str(dtype)],
-                "kernels": len(err),
-                "median_err_pct": float(np.median(np.abs(err)) * 100),
-                "p90_err_pct": float(np.percentile(np.abs(err), 90) * 100),
-                "median_signed_pct": float(np.median(err) * 100),
-            }
-        )
-    return pd.DataFrame(out)
-
-
 def moe_table(aic: Path, framework: str) -> None:
     print(f"\nMoE |error| % over fused MoE kernels >= 5 us, no EP, balanced ({framework} tables)")
     head = f"{'':14s}{'profile':24s}{'dtype':10s}{'kernels':>8s}  {'median':>7s}  {'p90':>6s}"
@@ -162,7 +112,7 @@ def moe_table(aic: Path, framework: str) -> None:
         if not path.is_file():
             print(f"{group:14s}{label:24s}(no table {path.name} for {system})")
             continue
-        for _, e in moe_errors(profile(spec), path).iterrows():
+        for _, e in moe_errors(profile(spec), read_moe_measurements(path)).iterrows():
             print(
                 f"{group:14s}{label:24s}{e['dtype']:10s}{int(e['kernels']):>8,}  "
                 f"{e['median_err_pct']:6.1f}%  {e['p90_err_pct']:5.1f}%  "

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from batchsim import cli
@@ -379,3 +380,35 @@ def test_kernel_moe_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "top_k (9) must be at most experts (8)" in capsys.readouterr().err
     assert cli.main([*bad, "6", "--top-k", "1", "--experts", "8", "--tp", "4"]) == 2
     assert "inter (6) must be a multiple of tp (4)" in capsys.readouterr().err
+
+
+def test_moe_compute_fit_recovers_the_value_a_table_was_made_with(tmp_path: Path) -> None:
+    # a table timed by the model itself at moe_compute 0.6 (bf16, >= 5 us): the fit finds 0.6
+    from batchsim.calibration.moe_tables import (
+        fit_moe_compute,
+        moe_model_times,
+        read_moe_measurements,
+    )
+    from batchsim.calibration.predict import with_terms
+
+    hw = load_hardware("h100-sxm")
+    shapes = [(t, 4096, 1536, 8, 128, 1) for t in (64, 256, 1024, 4096, 16384)]
+    shapes += [(t, 7168, 2048, 8, 256, 8) for t in (128, 2048, 8192)]
+    frame = pd.DataFrame(shapes, columns=["tokens", "hidden", "inter", "top_k", "experts", "tp"])
+    frame["dtype"] = "bf16"
+    made = moe_model_times(with_terms(hw, {"moe_compute": 0.6}), frame) * 1e3  # ms
+    path = tmp_path / "moe.csv"
+    path.write_text(
+        "moe_dtype,num_tokens,hidden_size,inter_size,topk,num_experts,moe_tp_size,moe_ep_size,"
+        "distribution,latency\n"
+        + "".join(
+            f"bfloat16,{t},{h},{i},{k},{e},{tp},1,balanced,{float(ms)!r}\n"
+            for (t, h, i, k, e, tp), ms in zip(shapes, made)
+        )
+        + "bfloat16,64,4096,1536,8,128,1,4,balanced,1e-6\n"  # expert parallel: left out
+        + "int4_wo,64,4096,1536,8,128,1,1,balanced,1e-6\n",  # no batchsim dtype: left out
+        encoding="utf-8",
+    )
+    rows = read_moe_measurements(path)
+    assert len(rows) == len(shapes)
+    assert fit_moe_compute(hw, rows) == pytest.approx(0.6)

@@ -236,6 +236,15 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {
         minimum=1.0,  # a p-norm needs p >= 1
         maximum=100.0,
     ),
+    "moe_compute": EfficiencyKey(
+        default=1.0,
+        per_si=1.0,
+        ideal=1.0,
+        fraction=True,
+        si_name="moe_compute_efficiency",
+        doc="fraction of the GEMM compute rate (peak x compute) the grouped expert GEMMs of a "
+        "fused MoE kernel reach",
+    ),
     "host_transfer": EfficiencyKey(
         default=0.8,
         per_si=1.0,

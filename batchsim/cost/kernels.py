@@ -162,7 +162,7 @@ def moe_kernel(
         raise ConfigError(f"inter ({inter}) must be a multiple of tp ({tp})")
     weight = "fp8" if dtype == "fp8_block" else dtype
     terms = HardwareTerms.from_profile(hw, weight)
-    pricing = terms.gemm_pricing(DTYPE_BYTES[weight])  # grouped: no measured correction
+    pricing = terms.expert_gemm_pricing(DTYPE_BYTES[weight])
     width = inter // tp
     gemms = (Gemm(hidden, 2 * width, float(experts)), Gemm(width, hidden, float(experts)))
     touched = expected_experts(float(experts), float(top_k), float(tokens))

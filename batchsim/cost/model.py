@@ -171,6 +171,7 @@ class RooflineCostModel:
             ideal=ideal,
             correction=gemm_correction(hardware, dtype, self.compute_dtype),
         )
+        self.expert_gemm = terms.expert_gemm_pricing(self._wb, ideal=ideal)
         self.elementwise = ElementwisePricing(
             bandwidth=terms.elementwise_bandwidth,
             kernel_time=terms.elementwise_kernel_time,
@@ -212,7 +213,7 @@ class RooflineCostModel:
             act_elems += lk.num_dense_layers * t * lk.activation_width * lk.gate_factor
             act_kernels += lk.num_dense_layers
         if lk.moe is not None and lk.num_moe_layers and t > 0:
-            lk.moe.add_gemms(mlp, gemm, t, lk.num_moe_layers)
+            lk.moe.add_gemms(mlp, gemm, t, lk.num_moe_layers, self.expert_gemm)
             act_elems += lk.num_moe_layers * lk.moe.activation_elems(t) * lk.gate_factor
             act_kernels += lk.num_moe_layers * lk.moe.activation_kernels
         cache_write = _NO_KERNEL

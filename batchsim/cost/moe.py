@@ -68,12 +68,22 @@ class MoeLayer:
             shared_width=sw,
         )
 
-    def add_gemms(self, acc: CostSum, gemm: GemmPricing, tokens: float, layers: float) -> None:
-        """Add the GEMMs of ``layers`` MoE layers over ``tokens`` rows (> 0) to ``acc``."""
+    def add_gemms(
+        self,
+        acc: CostSum,
+        gemm: GemmPricing,
+        tokens: float,
+        layers: float,
+        experts: GemmPricing | None = None,
+    ) -> None:
+        """Add the GEMMs of ``layers`` MoE layers over ``tokens`` rows (> 0) to ``acc``: the
+        router and shared experts priced by ``gemm``, the routed experts by ``experts`` (the
+        fused MoE kernel's grouped GEMMs; default ``gemm``)."""
         touched = expected_experts(self.num_experts, self.top_k, tokens)
         rows_per_expert = tokens * self.top_k / touched
         gemm.add(acc, (self.router,), tokens, layers, kernels=2.0)  # + the top-k/align kernel
-        gemm.add(acc, self.experts, rows_per_expert, layers, weight_groups=touched)
+        grouped = gemm if experts is None else experts
+        grouped.add(acc, self.experts, rows_per_expert, layers, weight_groups=touched)
         gemm.add(acc, self.shared, tokens, layers)
 
     def activation_elems(self, tokens: float) -> float:

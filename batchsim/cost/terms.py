@@ -106,6 +106,8 @@ class HardwareTerms:
         link_bandwidth: Achievable GPU-to-GPU B/s per direction.
         link_latency: Fixed time per all-reduce, s.
         launch_overhead: Fixed GPU-side cost per forward pass, s.
+        moe_peak: Achievable FLOP/s of the grouped expert GEMMs of a fused MoE kernel
+            (``peak`` x ``moe_compute``).
     """
 
     compute_dtype: str
@@ -128,6 +130,7 @@ class HardwareTerms:
     link_bandwidth: float
     link_latency: float
     launch_overhead: float
+    moe_peak: float
 
     def gemm_pricing(
         self,
@@ -148,6 +151,21 @@ class HardwareTerms:
             weight_bytes=weight_bytes,
             ideal=ideal,
             correction=correction,
+        )
+
+    def expert_gemm_pricing(self, weight_bytes: float, *, ideal: bool = False) -> GemmPricing:
+        """The pricing of a fused MoE kernel's grouped expert GEMMs: the GEMM terms at
+        ``moe_peak``, with no measured correction (the grid is of ungrouped GEMMs)."""
+        return GemmPricing(
+            peak=self.moe_peak,
+            bandwidth=self.bandwidth,
+            num_sms=self.num_sms,
+            min_kernel_time=self.min_kernel_time,
+            transition_exponent=self.transition_exponent,
+            tile_m=self.tile_m,
+            tile_n=self.tile_n,
+            weight_bytes=weight_bytes,
+            ideal=ideal,
         )
 
     def attention_pricing(
@@ -220,4 +238,5 @@ class HardwareTerms:
             link_bandwidth=hardware.interconnect_bandwidth * _eff(hw, "interconnect"),
             link_latency=_eff(hw, "interconnect_latency_us"),
             launch_overhead=_eff(hw, "launch_overhead_ms"),
+            moe_peak=peak * _eff(hw, "compute") * _eff(hw, "moe_compute"),
         )
