@@ -52,6 +52,7 @@ FITS = {
     "h100-sxm": ("h100_sxm", "vllm/0.24.0"),
     "b200": ("b200_sxm", "vllm/0.24.0"),
     "b300": ("b300_sxm", "vllm/0.24.0"),
+    "gb300": ("gb300", "vllm/0.24.0"),
 }
 """batchsim profile -> (AIConfigurator system, framework/version) of the table fitted."""
 FAMILY = {"h200": "h100-sxm", "gb200": "b200"}

@@ -10,10 +10,9 @@ upstream file at run time.
 
 What is kept (``benchmarks/data/README.md`` says the same):
   * the rows on a GPU batchsim has a profile for (``h100_sxm``, ``h200_sxm``, ``b200_sxm``,
-    ``b300_sxm``, ``gb200``) and of a model batchsim's catalog has (:data:`KEEP_MODELS`), in a
-    precision batchsim has (not NVFP4 weights: batchsim has no 4-bit float dtype); the others
-    are counted (the script prints the counts, which ``validate_silicon.LEFT_OUT`` repeats) but
-    not shipped, to keep the file small;
+    ``b300_sxm``, ``gb200``, ``gb300``) and of a model batchsim's catalog has
+    (:data:`KEEP_MODELS`); the others are counted (the script prints the counts, which
+    ``validate_silicon.LEFT_OUT`` repeats) but not shipped, to keep the file small;
   * ``row``: the row's position in the upstream file (1 = its first data row), for tracing;
   * the columns the benchmark needs; the free-text ``silicon_data_source`` is dropped, except
     its ``silicon_concurrency`` (the number of concurrent clients, ``concurrency``; the upstream
@@ -38,7 +37,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "data" / "silicon_rows.csv"
 
-KEEP_SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200")
+KEEP_SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "gb300")
 KEEP_MODELS = (
     "Qwen/Qwen3-32B",
     "nvidia/Qwen3-32B-NVFP4",

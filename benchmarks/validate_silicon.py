@@ -50,8 +50,8 @@ Rows left out (counted by reason; ``--list-skipped`` prints each): attention dat
 or expert parallelism (``attention_dp_size`` or ``moe_ep_size`` > 1, also in either pool), a
 MoE whose ``moe_tp_size`` differs from ``tp_size``, disaggregated rows without worker counts
 or number of clients, a weight precision batchsim lacks, and setups batchsim refuses (weights
-that do not fit). The rows the data file does not hold (GPUs without a profile: GB300; models
-not in the catalog) are printed with their counts
+that do not fit). The rows the data file does not hold (models not in the catalog) are
+printed with their counts
 (:data:`LEFT_OUT`).
 
 Held out: the H200 and GB200 rows (their profiles are datasheets plus their family's terms,
@@ -115,6 +115,7 @@ GPUS = {
     "b200_sxm": "b200",
     "b300_sxm": "b300",
     "gb200": "gb200",
+    "gb300": "gb300",
 }
 """AIConfigurator's ``system`` -> batchsim's hardware profile."""
 
@@ -138,14 +139,13 @@ HELD_OUT = ("h200_sxm", "gb200")
 """GPUs whose rows are only reported, on their own lines."""
 
 LEFT_OUT = {
-    "no GPU profile: gb300": 277,
     "no catalog model: MiniMaxAI/MiniMax-M2.5": 523,
     "no catalog model: Qwen/Qwen3.5-397B-A17B": 351,
     "no catalog model: moonshotai/Kimi-K2.5": 241,
     "no catalog model: zhipuai/GLM-5": 108,
 }
 """Upstream rows the data file does not hold, by reason (``benchmarks/make_silicon_rows.py``
-prints the same counts); with the file's 3,721 rows they make the upstream 5,221."""
+prints the same counts); with the file's 3,998 rows they make the upstream 5,221."""
 
 TRTLLM_TOKENS = 8192
 """The tensorrt-llm preset's ``max_num_batched_tokens`` (TensorRT-LLM's max_num_tokens)."""
@@ -479,7 +479,7 @@ def write_csv(path: str, results: list[Result]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", choices=sorted({*GPUS, "gb300"}))
+    parser.add_argument("--gpu", choices=sorted(GPUS))
     parser.add_argument("--framework", choices=sorted(FRAMEWORKS), help="the row's backend")
     parser.add_argument("--limit", type=int, help="only the first N selected rows")
     parser.add_argument("--jobs", type=int, default=1, help="processes (default 1)")

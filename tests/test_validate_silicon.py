@@ -70,7 +70,7 @@ def test_an_aggregated_row_is_a_closed_loop_of_its_clients(vs: ModuleType) -> No
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
-        ({"system": "gb300"}, "no GPU profile: gb300"),
+        ({"system": "mi355x"}, "no GPU profile: mi355x"),
         ({"model_path": "zai-org/GLM-5"}, "no catalog model: zai-org/GLM-5"),
         ({"concurrency": ""}, "number of clients not given"),
         ({"mode": "disagg"}, "disaggregated: worker counts not given"),
