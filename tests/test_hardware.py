@@ -230,6 +230,8 @@ def test_list_and_table_cover_every_builtin() -> None:
     assert a100["memory_gb"] == 80
     assert a100["ridge_point_bf16"] == pytest.approx(153, abs=0.5)
     assert rows["h100-sxm"]["fp8_tflops"] == pytest.approx(1978.9)
+    assert rows["h100-sxm"]["fp4_tflops"] is None  # Hopper has no FP4 tensor cores
+    assert rows["b200"]["fp4_tflops"] == 9000  # DGX B200: FP4 72 PF dense for 8 GPUs
     assert a100["host_link_gb_s"] == 32
     assert rows["b200"]["host_link_gb_s"] == 128
     assert list(a100).index("host_link_gb_s") == list(a100).index("interconnect_gb_s") + 1

@@ -361,6 +361,7 @@ class HardwareProfile:
             "description": self.description,
             "bf16_tflops": tflops("bf16"),
             "fp8_tflops": tflops("fp8"),
+            "fp4_tflops": tflops("fp4"),
             "int8_tops": tflops("int8"),
             "memory_tb_s": self.memory_bandwidth / 1e12,
             "memory_gb": self.memory_capacity / 1e9,

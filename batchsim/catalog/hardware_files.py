@@ -325,7 +325,7 @@ def list_hardware() -> list[HardwareProfile]:
 def hardware_table() -> list[dict[str, Any]]:
     """One row of key numbers per built-in profile, for ``batchsim list hardware``.
 
-    Keys: name, description, bf16_tflops, fp8_tflops, int8_tops, memory_tb_s, memory_gb
+    Keys: name, description, bf16_tflops, fp8_tflops, fp4_tflops, int8_tops, memory_tb_s, memory_gb
     (decimal GB), interconnect_gb_s (per direction), host_link_gb_s (host<->GPU, per
     direction; None when the profile does not give it), compute_units, ridge_point_bf16
     (FLOP/B).
