@@ -30,6 +30,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+import pandas as pd  # noqa: E402
+
+from batchsim.calibration.attention_tables import (  # noqa: E402
+    attention_errors,
+    fit_attention_terms,
+    read_attention_measurements,
+)
 from batchsim.calibration.kernel_tables import (  # noqa: E402
     fit_gemm_terms,
     gemm_errors,
@@ -63,6 +70,22 @@ START = {"compute": 0.72, "memory": 0.8, "min_kernel_time_us": 5.0, "transition_
 
 def table_path(aic: Path, system: str, framework: str, kind: str = "gemm") -> Path:
     return aic / DATA / system / kind / framework / f"{kind}_perf.parquet"
+
+
+def set_attention_terms(yaml_path: Path, terms: dict[str, float], note: str) -> None:
+    """Rewrite the attention terms of ``efficiency:`` and their note in ``sources.efficiency``."""
+    text = yaml_path.read_text(encoding="utf-8")
+    for key, value in terms.items():
+        text, n = re.subn(rf"(?m)^(  {key}: ).*$", rf"\g<1>{value:g}", text)
+        if n != 1:
+            raise SystemExit(f"{yaml_path}: no single efficiency.{key} line")
+    text = re.sub(r"; attention terms [^;\"\\]*", "", text)  # the note of a previous run
+    text, n = re.subn(
+        r'(?m)^(  efficiency: ".*)"$', lambda m: f'{m.group(1)}; attention terms {note}"', text
+    )
+    if n != 1:
+        raise SystemExit(f"{yaml_path}: no single sources.efficiency line")
+    yaml_path.write_text(text, encoding="utf-8")
 
 
 def set_moe_compute(yaml_path: Path, value: float, note: str) -> None:
@@ -156,8 +179,31 @@ def main(argv: list[str] | None = None) -> int:
                 f"  moe {e['dtype']:9s} {int(e['kernels']):>5,} kernels >= 5 us: |error| median / "
                 f"p90 {e['median_err_pct']:.1f} / {e['p90_err_pct']:.1f} %"
             )
+        attn_dir = args.aic / DATA / system / "attention" / framework
+        attn_rows = pd.concat(
+            [
+                read_attention_measurements(attn_dir / f"{ph}_attention_perf.parquet", ph)
+                for ph in ("context", "generation")
+            ]
+        )
+        attn, _ = fit_attention_terms(with_terms(fitted, {"moe_compute": moe}), attn_rows)
+        print("  attention terms: " + ", ".join(f"{k} {v:g}" for k, v in attn.items()))
+        for _, e in attention_errors(with_terms(fitted, attn), attn_rows).iterrows():
+            print(
+                f"  attention {e['phase']:10s} {e['dtype']:4s} {int(e['kernels']):>6,} kernels "
+                f">= 5 us: |error| median / p90 {e['median_err_pct']:.1f} / "
+                f"{e['p90_err_pct']:.1f} %"
+            )
         if args.check:
             continue
+        attn_rel = f"{DATA}/{system}/attention/{framework}/{{context,generation}}_attention_perf"
+        set_attention_terms(
+            profiles / f"{name}.yaml",
+            attn,
+            f"(attention, attention_masked_fraction, attention_*_time_us, attention_sm_bandwidth):"
+            f" fitted on the bf16 full-attention kernels of {AIC} at {AIC_COMMIT}, {attn_rel}"
+            f".parquet by benchmarks/calibrate_kernels.py",
+        )
         set_moe_compute(
             profiles / f"{name}.yaml",
             moe,
@@ -171,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
                 profiles / f"{held}.yaml",
                 moe,
                 f"{name}'s fitted value (held out: nothing fitted on this GPU's tables)",
+            )
+            set_attention_terms(
+                profiles / f"{held}.yaml",
+                attn,
+                f"(attention, attention_masked_fraction, attention_*_time_us, "
+                f"attention_sm_bandwidth): {name}'s fitted values (held out)",
             )
             set_terms(
                 profiles / f"{held}.yaml",

@@ -23,7 +23,14 @@ NVFP4 experts), priced by ``batchsim kernel moe`` — the routed experts' groupe
 simulation prices them, with the profile's ``moe_compute`` (fitted on the bf16 MoE kernels of
 H100, B200 and B300 by ``benchmarks/calibrate_kernels.py``; H200 and GB200 take their
 family's). The measured kernel also routes, permutes and activates the tokens, which the price
-leaves out. Attention and all-reduce kernels are not in this script yet (docs/calibration.md).
+leaves out.
+
+Last, the attention kernels of ``attention/vllm/0.24.0/{context,generation}_attention_perf
+.parquet`` (full attention, no window; context: ``batch`` prompts of ``isl`` tokens on an empty
+cache; generation: ``batch`` decode rows after ``step`` cached tokens), priced by ``batchsim
+kernel attention`` with the profile's attention terms, which are not fitted on these tables
+(A100-derived, docs/calibration.md): the lines are the model's error as it stands. All-reduce
+kernels are not in this script yet.
 """
 
 from __future__ import annotations
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{b['p90_err_pct']:.1f}"
             )
     moe_table(args.aic, args.framework)
+    attention_table(args.aic, args.framework)
     return 0
 
 
@@ -118,6 +126,68 @@ def moe_table(aic: Path, framework: str) -> None:
                 f"{e['median_err_pct']:6.1f}%  {e['p90_err_pct']:5.1f}%  "
                 f"{e['median_signed_pct']:+6.1f}%"
             )
+
+
+ATTN_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+
+
+def attention_errors(hw, path: Path, phase: str):  # type: ignore[no-untyped-def]
+    """Per KV-cache dtype: (dtype, kernels, median |err| %, p90 |err| %, median signed %) of
+    the attention price against the table's full-attention kernels of at least 5 us."""
+    import numpy as np
+    import pandas as pd
+
+    from batchsim.cost.kernels import kernel
+
+    d = pd.read_parquet(path)
+    d = d[(d["window_size"] == 0) & d["kv_cache_dtype"].isin(list(ATTN_DTYPES))]
+    d = d[(d["num_heads"] % d["num_key_value_heads"] == 0) & (d["latency"] >= 5e-3)]
+    keys = ["kv_cache_dtype", "batch_size", "isl", "num_heads", "num_key_value_heads"]
+    d = d.groupby([*keys, "head_dim", "step"], as_index=False)["latency"].min()
+    out = []
+    for dtype, rows in d.groupby("kv_cache_dtype"):
+        pred = []
+        for r in rows.itertuples():
+            shape = dict(
+                batch=int(r.batch_size),
+                heads=int(r.num_heads),
+                kv_heads=int(r.num_key_value_heads),
+                head_dim=int(r.head_dim),
+                kv_dtype=ATTN_DTYPES[str(dtype)],
+            )
+            if phase == "context":
+                shape.update(q_len=int(r.isl), kv_len=0)
+            else:
+                shape.update(kv_len=int(r.step))
+            pred.append(kernel(hw, "attention", phase=phase, **shape).time_us)
+        err = np.asarray(pred) / (rows["latency"].to_numpy() * 1e3) - 1.0
+        out.append(
+            (
+                ATTN_DTYPES[str(dtype)],
+                len(err),
+                float(np.median(np.abs(err)) * 100),
+                float(np.percentile(np.abs(err), 90) * 100),
+                float(np.median(err) * 100),
+            )
+        )
+    return out
+
+
+def attention_table(aic: Path, framework: str) -> None:
+    print(f"\nattention |error| % over kernels >= 5 us, full attention ({framework} tables)")
+    head = f"{'':14s}{'profile':24s}{'phase':11s}{'kv':6s}{'kernels':>8s}  {'median':>7s}"
+    print(f"{head}  {'p90':>6s}  signed")
+    for group, label, spec, system in CASES:
+        group = group if group == "held out" else "not held out"  # no attention term fitted
+        for phase in ("context", "generation"):
+            path = aic / DATA / system / "attention" / framework / f"{phase}_attention_perf.parquet"
+            if not path.is_file():
+                continue
+            for dtype, n, med, p90, signed in attention_errors(profile(spec), path, phase):
+                print(
+                    f"{group:14s}{label:24s}{phase:11s}{dtype:6s}{n:>8,}  {med:6.1f}%  "
+                    f"{p90:5.1f}%  {signed:+6.1f}%"
+                )
 
 
 if __name__ == "__main__":

@@ -412,3 +412,54 @@ def test_moe_compute_fit_recovers_the_value_a_table_was_made_with(tmp_path: Path
     rows = read_moe_measurements(path)
     assert len(rows) == len(shapes)
     assert fit_moe_compute(hw, rows) == pytest.approx(0.6)
+
+
+def test_attention_fit_reproduces_a_table_the_model_made(tmp_path: Path) -> None:
+    # both phases timed by the model at other attention terms: the fit, started from the
+    # profile's own, prices the table's kernels within 2 % at the median
+    from batchsim.calibration.attention_tables import (
+        attention_errors,
+        attention_model_times,
+        fit_attention_terms,
+        read_attention_measurements,
+    )
+    from batchsim.calibration.predict import with_terms
+
+    hw = load_hardware("h100-sxm")
+    truth = {"attention": 0.7, "attention_sm_bandwidth": 1.3, "attention_kernel_time_us": 9.0}
+    header = "batch_size,isl,num_heads,num_key_value_heads,head_dim,kv_cache_dtype,step,"
+    header += "window_size,latency\n"
+    rows = []
+    for phase in ("context", "generation"):
+        shapes = [
+            (b, n, h, kv, 128)
+            for b in (1, 4, 16, 64)
+            for n in (512, 2048, 8192)
+            for h, kv in ((32, 8), (64, 8))
+        ]
+        frame = pd.DataFrame(shapes, columns=["batch", "n", "heads", "kv_heads", "head_dim"])
+        frame = frame.assign(
+            phase=phase,
+            dtype="bf16",
+            q_len=frame["n"] if phase == "context" else 1,
+            kv_len=0 if phase == "context" else frame["n"],
+        )
+        ms = attention_model_times(with_terms(hw, truth), frame) * 1e3
+        path = tmp_path / f"{phase}.csv"
+        path.write_text(
+            header
+            + "".join(
+                f"{b},{n if phase == 'context' else 1},{h},{kv},{d},bfloat16,"
+                f"{0 if phase == 'context' else n},0,{float(t)!r}\n"
+                for (b, n, h, kv, d), t in zip(shapes, ms)
+            )
+            + "1,1,30,8,128,bfloat16,0,0,1.0\n"  # 30 heads over 8 KV heads: left out
+            + "1,1,32,8,128,bfloat16,0,128,1.0\n",  # a sliding window: left out
+            encoding="utf-8",
+        )
+        rows.append(read_attention_measurements(path, phase))
+    table = pd.concat(rows)
+    assert len(table) == 2 * len(shapes)
+    terms, _ = fit_attention_terms(hw, table)
+    errors = attention_errors(with_terms(hw, terms), table)
+    assert (errors["median_err_pct"] < 2.0).all()
