@@ -10,7 +10,12 @@ each GPU of :data:`FITS` this runs what ``batchsim calibrate --kernel-table`` ru
 GEMM terms (``compute``, ``memory``, ``min_kernel_time_us``, ``transition_exponent``) by
 coordinate search from the same start (:data:`START`, the A100-derived values every profile
 had before), then the ln(measured / modelled) grid — and writes
-``hardware_profiles/<name>.gemm.csv`` and the four terms into ``<name>.yaml``.
+``hardware_profiles/<name>.gemm.csv`` and the four terms into ``<name>.yaml``. Then, on the
+same GPU's fused-MoE table (``moe/<version>/moe_perf.parquet``), ``moe_compute``
+(:func:`~batchsim.calibration.moe_tables.fit_moe_compute`), and on its attention tables
+(``attention/<version>/{context,generation}_attention_perf.parquet``) the seven attention
+terms (:func:`~batchsim.calibration.attention_tables.fit_attention_terms`), each written into
+``<name>.yaml`` with its source.
 
 H200 and GB200 are held out: nothing here reads their tables. Their profiles take the terms
 and the correction grid of their family (``h200``: ``h100-sxm``'s; ``gb200``: ``b200``'s), as

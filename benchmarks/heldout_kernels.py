@@ -28,9 +28,9 @@ leaves out.
 Last, the attention kernels of ``attention/vllm/0.24.0/{context,generation}_attention_perf
 .parquet`` (full attention, no window; context: ``batch`` prompts of ``isl`` tokens on an empty
 cache; generation: ``batch`` decode rows after ``step`` cached tokens), priced by ``batchsim
-kernel attention`` with the profile's attention terms, which are not fitted on these tables
-(A100-derived, docs/calibration.md): the lines are the model's error as it stands. All-reduce
-kernels are not in this script yet.
+kernel attention`` with the profile's attention terms (fitted on the bf16 kernels of H100,
+B200, B300 and GB300's tables by ``benchmarks/calibrate_kernels.py``; H200 and GB200 take their
+family's). All-reduce kernels are not in this script yet.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def attention_table(aic: Path, framework: str) -> None:
     head = f"{'':14s}{'profile':24s}{'phase':11s}{'kv':6s}{'kernels':>8s}  {'median':>7s}"
     print(f"{head}  {'p90':>6s}  signed")
     for group, label, spec, system in CASES:
-        group = group if group == "held out" else "not held out"  # no attention term fitted
+        group = group if group == "held out" else "not held out"
         for phase in ("context", "generation"):
             path = aic / DATA / system / "attention" / framework / f"{phase}_attention_perf.parquet"
             if not path.is_file():
