@@ -77,37 +77,29 @@ def table_path(aic: Path, system: str, framework: str, kind: str = "gemm") -> Pa
     return aic / DATA / system / kind / framework / f"{kind}_perf.parquet"
 
 
-def set_attention_terms(yaml_path: Path, terms: dict[str, float], note: str) -> None:
-    """Rewrite the attention terms of ``efficiency:`` and their note in ``sources.efficiency``."""
+def set_fitted(yaml_path: Path, terms: dict[str, float], tag: str, note: str) -> None:
+    """Rewrite ``terms`` (``efficiency:`` keys) and, in ``sources.efficiency``, the note that
+    starts with ``tag`` (a previous run's replaced), leaving every other line as it is."""
     text = yaml_path.read_text(encoding="utf-8")
     for key, value in terms.items():
         text, n = re.subn(rf"(?m)^(  {key}: ).*$", rf"\g<1>{value:g}", text)
         if n != 1:
             raise SystemExit(f"{yaml_path}: no single efficiency.{key} line")
-    text = re.sub(r"; attention terms [^;\"\\]*", "", text)  # the note of a previous run
-    text, n = re.subn(
-        r'(?m)^(  efficiency: ".*)"$', lambda m: f'{m.group(1)}; attention terms {note}"', text
-    )
+    text = re.sub(rf"; {re.escape(tag)} [^;\"\\]*", "", text)
+    text, n = re.subn(r'(?m)^(  efficiency: ".*)"$', lambda m: f'{m.group(1)}; {tag} {note}"', text)
     if n != 1:
         raise SystemExit(f"{yaml_path}: no single sources.efficiency line")
     yaml_path.write_text(text, encoding="utf-8")
+
+
+def set_attention_terms(yaml_path: Path, terms: dict[str, float], note: str) -> None:
+    """The attention terms and their note."""
+    set_fitted(yaml_path, terms, "attention terms", note)
 
 
 def set_moe_compute(yaml_path: Path, value: float, note: str) -> None:
-    """Rewrite ``efficiency.moe_compute`` and its note in ``sources.efficiency``."""
-    text = yaml_path.read_text(encoding="utf-8")
-    text, n = re.subn(r"(?m)^(  moe_compute: ).*$", rf"\g<1>{value:g}", text)
-    if n != 1:
-        raise SystemExit(f"{yaml_path}: no single efficiency.moe_compute line")
-    text = re.sub(r"; moe_compute [^;\"\\]*\\?", "", text)  # the note of a previous run
-    text, n = re.subn(
-        r'(?m)^(  efficiency: ".*)"$',
-        lambda m: f'{m.group(1)}; moe_compute {value:g}: {note}"',
-        text,
-    )
-    if n != 1:
-        raise SystemExit(f"{yaml_path}: no single sources.efficiency line")
-    yaml_path.write_text(text, encoding="utf-8")
+    """``efficiency.moe_compute`` and its note."""
+    set_fitted(yaml_path, {"moe_compute": value}, "moe_compute", f"{value:g}: {note}")
 
 
 def set_terms(yaml_path: Path, terms: dict[str, float], table: str, source: str) -> None:

@@ -44,6 +44,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from batchsim.calibration.attention_tables import (  # noqa: E402
+    attention_errors,
+    read_attention_measurements,
+)
 from batchsim.calibration.kernel_tables import gemm_errors, read_gemm_measurements  # noqa: E402
 from batchsim.calibration.moe_tables import moe_errors, read_moe_measurements  # noqa: E402
 from batchsim.catalog.hardware import EFFICIENCY_KEYS  # noqa: E402
@@ -128,51 +132,6 @@ def moe_table(aic: Path, framework: str) -> None:
             )
 
 
-ATTN_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
-
-
-def attention_errors(hw, path: Path, phase: str):  # type: ignore[no-untyped-def]
-    """Per KV-cache dtype: (dtype, kernels, median |err| %, p90 |err| %, median signed %) of
-    the attention price against the table's full-attention kernels of at least 5 us."""
-    import numpy as np
-    import pandas as pd
-
-    from batchsim.cost.kernels import kernel
-
-    d = pd.read_parquet(path)
-    d = d[(d["window_size"] == 0) & d["kv_cache_dtype"].isin(list(ATTN_DTYPES))]
-    d = d[(d["num_heads"] % d["num_key_value_heads"] == 0) & (d["latency"] >= 5e-3)]
-    keys = ["kv_cache_dtype", "batch_size", "isl", "num_heads", "num_key_value_heads"]
-    d = d.groupby([*keys, "head_dim", "step"], as_index=False)["latency"].min()
-    out = []
-    for dtype, rows in d.groupby("kv_cache_dtype"):
-        pred = []
-        for r in rows.itertuples():
-            shape = dict(
-                batch=int(r.batch_size),
-                heads=int(r.num_heads),
-                kv_heads=int(r.num_key_value_heads),
-                head_dim=int(r.head_dim),
-                kv_dtype=ATTN_DTYPES[str(dtype)],
-            )
-            if phase == "context":
-                shape.update(q_len=int(r.isl), kv_len=0)
-            else:
-                shape.update(kv_len=int(r.step))
-            pred.append(kernel(hw, "attention", phase=phase, **shape).time_us)
-        err = np.asarray(pred) / (rows["latency"].to_numpy() * 1e3) - 1.0
-        out.append(
-            (
-                ATTN_DTYPES[str(dtype)],
-                len(err),
-                float(np.median(np.abs(err)) * 100),
-                float(np.percentile(np.abs(err), 90) * 100),
-                float(np.median(err) * 100),
-            )
-        )
-    return out
-
-
 def attention_table(aic: Path, framework: str) -> None:
     print(f"\nattention |error| % over kernels >= 5 us, full attention ({framework} tables)")
     head = f"{'':14s}{'profile':24s}{'phase':11s}{'kv':6s}{'kernels':>8s}  {'median':>7s}"
@@ -183,10 +142,12 @@ def attention_table(aic: Path, framework: str) -> None:
             path = aic / DATA / system / "attention" / framework / f"{phase}_attention_perf.parquet"
             if not path.is_file():
                 continue
-            for dtype, n, med, p90, signed in attention_errors(profile(spec), path, phase):
+            rows = read_attention_measurements(path, phase)
+            for _, e in attention_errors(profile(spec), rows).iterrows():
                 print(
-                    f"{group:14s}{label:24s}{phase:11s}{dtype:6s}{n:>8,}  {med:6.1f}%  "
-                    f"{p90:5.1f}%  {signed:+6.1f}%"
+                    f"{group:14s}{label:24s}{phase:11s}{e['dtype']:6s}{int(e['kernels']):>8,}  "
+                    f"{e['median_err_pct']:6.1f}%  {e['p90_err_pct']:5.1f}%  "
+                    f"{e['median_signed_pct']:+6.1f}%"
                 )
 
 

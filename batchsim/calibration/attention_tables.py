@@ -18,20 +18,23 @@ Must not import the engine or the scheduler.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from batchsim.calibration.kernel_tables import MIN_SCORED_S
+from batchsim.calibration.kernel_tables import (
+    MIN_SCORED_S,
+    error_summary,
+    fit_score,
+    read_kernel_table,
+)
 from batchsim.calibration.predict import with_terms
 from batchsim.calibration.search import coordinate_search
 from batchsim.catalog.hardware import EFFICIENCY_KEYS, HardwareProfile
 from batchsim.cost.kernels import attention_kernel
 from batchsim.errors import ConfigError
-from batchsim.yamlio import MAX_DATA_BYTES, read_text
 
 __all__ = [
     "ATTENTION_FIT_TERMS",
@@ -72,17 +75,7 @@ def read_attention_measurements(path: Path, phase: str) -> pd.DataFrame:
         ConfigError: Unreadable file, missing columns, or a non-positive time.
     """
     source = str(path)
-    try:
-        if path.suffix == ".parquet":
-            if path.stat().st_size > MAX_DATA_BYTES:
-                raise ConfigError(f"file is larger than {MAX_DATA_BYTES // 2**20} MiB", source)
-            raw = pd.read_parquet(path)
-        else:
-            raw = pd.read_csv(io.StringIO(read_text(path)), comment="#")
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"cannot read the attention table: {exc}", source) from None
+    raw = read_kernel_table(path, "attention")
     missing = [c for c in _NEED if c not in raw.columns]
     if missing:
         raise ConfigError(f"attention table needs column {missing[0]}", source)
@@ -139,11 +132,6 @@ def attention_model_times(
     return out
 
 
-def _score(pred: np.ndarray, meas: np.ndarray) -> float:
-    err = np.abs(pred / meas - 1.0) * 100.0
-    return float(np.median(err) / 5.0 + np.percentile(err, 90) / 15.0) / 2.0
-
-
 def fit_attention_terms(
     hardware: HardwareProfile, rows: pd.DataFrame, *, sample: int = 1500
 ) -> tuple[dict[str, float], float]:
@@ -172,7 +160,7 @@ def fit_attention_terms(
 
     def score(values: dict[str, float]) -> float:
         return sum(
-            _score(attention_model_times(hardware, p, values), p["time_s"].to_numpy())
+            fit_score(attention_model_times(hardware, p, values), p["time_s"].to_numpy())
             for p in parts
         ) / len(parts)
 
@@ -186,15 +174,5 @@ def attention_errors(hardware: HardwareProfile, rows: pd.DataFrame) -> pd.DataFr
     signed = (attention_model_times(hardware, scored) / scored["time_s"].to_numpy() - 1) * 100
     out = []
     for (phase, dtype), idx in scored.groupby(["phase", "dtype"]).groups.items():
-        err = signed[np.asarray(idx)]
-        out.append(
-            {
-                "phase": phase,
-                "dtype": dtype,
-                "kernels": len(err),
-                "median_err_pct": float(np.median(np.abs(err))),
-                "p90_err_pct": float(np.percentile(np.abs(err), 90)),
-                "median_signed_pct": float(np.median(err)),
-            }
-        )
+        out.append({"phase": phase, "dtype": dtype, **error_summary(signed[np.asarray(idx)])})
     return pd.DataFrame(out)

@@ -44,11 +44,14 @@ from batchsim.yamlio import MAX_DATA_BYTES, read_text
 __all__ = [
     "GEMM_FIT_TERMS",
     "MIN_SCORED_S",
+    "error_summary",
     "fit_gemm_terms",
+    "fit_score",
     "gemm_errors",
     "gemm_model_times",
     "gemm_table_from",
     "read_gemm_measurements",
+    "read_kernel_table",
     "write_gemm_table",
 ]
 
@@ -71,6 +74,46 @@ _DTYPES = {
 _WEIGHT_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4"}
 
 
+def read_kernel_table(path: Path, what: str) -> pd.DataFrame:
+    """The raw rows of a measured kernel table (``what``: its kind, for messages): Parquet
+    (at most the data-file size limit) or CSV (the size and encoding rules of every data file).
+
+    Raises:
+        ConfigError: The file cannot be read (one line with the reason).
+    """
+    source = str(path)
+    try:
+        if path.suffix == ".parquet":
+            if path.stat().st_size > MAX_DATA_BYTES:
+                raise ConfigError(f"file is larger than {MAX_DATA_BYTES // 2**20} MiB", source)
+            return pd.read_parquet(path)
+        return pd.read_csv(io.StringIO(read_text(path)), comment="#")
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"cannot read the {what} table: {reason}", source) from None
+
+
+def fit_score(pred: np.ndarray, meas: np.ndarray) -> float:
+    """The score every kernel-table fit minimizes: the mean of median |error| / 5 % and p90
+    |error| / 15 % (1 when both meet their target)."""
+    err = np.abs(pred / meas - 1.0) * 100.0
+    return float(np.median(err) / 5.0 + np.percentile(err, 90) / 15.0) / 2.0
+
+
+def error_summary(signed_pct: np.ndarray) -> dict[str, float | int]:
+    """``kernels``, ``median_err_pct``, ``p90_err_pct`` and ``median_signed_pct`` of signed
+    % errors (the columns of every ``*_errors`` table)."""
+    err = np.abs(signed_pct)
+    return {
+        "kernels": len(signed_pct),
+        "median_err_pct": float(np.median(err)),
+        "p90_err_pct": float(np.percentile(err, 90)),
+        "median_signed_pct": float(np.median(signed_pct)),
+    }
+
+
 def read_gemm_measurements(path: Path) -> pd.DataFrame:
     """A GEMM table as rows ``dtype`` (:data:`~batchsim.catalog.gemm_table.TABLE_DTYPES`),
     ``m``, ``n``, ``k``, ``time_s``: the fastest kernel per shape; dtypes batchsim does not
@@ -80,18 +123,7 @@ def read_gemm_measurements(path: Path) -> pd.DataFrame:
         ConfigError: Unreadable file, missing columns, or a non-positive or non-finite time.
     """
     source = str(path)
-    try:
-        if path.suffix == ".parquet":
-            if path.stat().st_size > MAX_DATA_BYTES:
-                raise ConfigError(f"file is larger than {MAX_DATA_BYTES // 2**20} MiB", source)
-            raw = pd.read_parquet(path)
-        else:  # CSV: the size and encoding rules of every data file
-            raw = pd.read_csv(io.StringIO(read_text(path)), comment="#")
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ConfigError(f"cannot read the GEMM table: {reason}", source) from None
+    raw = read_kernel_table(path, "GEMM")
     need = ("gemm_dtype", "m", "n", "k", "latency")
     missing = [c for c in need if c not in raw.columns]
     if missing:
@@ -170,11 +202,6 @@ def gemm_model_times(
     return out
 
 
-def _score(pred: np.ndarray, meas: np.ndarray) -> float:
-    err = np.abs(pred / meas - 1.0) * 100.0
-    return float(np.median(err) / 5.0 + np.percentile(err, 90) / 15.0) / 2.0
-
-
 def fit_gemm_terms(
     hardware: HardwareProfile, rows: pd.DataFrame, *, sample: int = 6000
 ) -> tuple[dict[str, float], float]:
@@ -204,7 +231,7 @@ def fit_gemm_terms(
         start[key] = (value if value is not None else spec.default / spec.per_si) * spec.per_si
 
     def score(values: dict[str, float]) -> float:
-        return _score(gemm_model_times(hardware, fit, values), meas)
+        return fit_score(gemm_model_times(hardware, fit, values), meas)
 
     return coordinate_search(score, start, GEMM_FIT_TERMS)
 
@@ -292,16 +319,6 @@ def gemm_errors(
     out = []
     for dtype in TABLE_DTYPES:
         mask = (scored["dtype"] == dtype).to_numpy()
-        if not mask.any():
-            continue
-        err = np.abs(signed[mask])
-        out.append(
-            {
-                "dtype": dtype,
-                "kernels": int(mask.sum()),
-                "median_err_pct": float(np.median(err)),
-                "p90_err_pct": float(np.percentile(err, 90)),
-                "median_signed_pct": float(np.median(signed[mask])),
-            }
-        )
+        if mask.any():
+            out.append({"dtype": dtype, **error_summary(signed[mask])})
     return pd.DataFrame(out)

@@ -17,18 +17,21 @@ Must not import the engine or the scheduler.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from batchsim.calibration.kernel_tables import MIN_SCORED_S
+from batchsim.calibration.kernel_tables import (
+    MIN_SCORED_S,
+    error_summary,
+    fit_score,
+    read_kernel_table,
+)
 from batchsim.calibration.predict import with_terms
 from batchsim.catalog.hardware import HardwareProfile
 from batchsim.cost.kernels import moe_kernel
 from batchsim.errors import ConfigError
-from batchsim.yamlio import MAX_DATA_BYTES, read_text
 
 __all__ = [
     "MOE_DTYPES",
@@ -60,17 +63,7 @@ def read_moe_measurements(path: Path) -> pd.DataFrame:
         ConfigError: Unreadable file, missing columns, or a non-positive time.
     """
     source = str(path)
-    try:
-        if path.suffix == ".parquet":
-            if path.stat().st_size > MAX_DATA_BYTES:
-                raise ConfigError(f"file is larger than {MAX_DATA_BYTES // 2**20} MiB", source)
-            raw = pd.read_parquet(path)
-        else:
-            raw = pd.read_csv(io.StringIO(read_text(path)), comment="#")
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"cannot read the MoE table: {exc}", source) from None
+    raw = read_kernel_table(path, "MoE")
     need = ("moe_dtype", *_COLUMNS, "latency")
     missing = [c for c in need if c not in raw.columns]
     if missing:
@@ -113,11 +106,6 @@ def moe_model_times(hardware: HardwareProfile, rows: pd.DataFrame) -> np.ndarray
     return out
 
 
-def _score(pred: np.ndarray, meas: np.ndarray) -> float:
-    err = np.abs(pred / meas - 1.0) * 100.0
-    return float(np.median(err) / 5.0 + np.percentile(err, 90) / 15.0) / 2.0
-
-
 def fit_moe_compute(hardware: HardwareProfile, rows: pd.DataFrame) -> float:
     """The ``moe_compute`` of :data:`FIT_GRID` that best prices the bf16 kernels of at least
     :data:`~batchsim.calibration.kernel_tables.MIN_SCORED_S` (score: median / 5 % and p90 /
@@ -131,7 +119,7 @@ def fit_moe_compute(hardware: HardwareProfile, rows: pd.DataFrame) -> float:
         raise ConfigError("MoE table has no bf16 kernel of 5 us or more to fit moe_compute on")
     meas = scored["time_s"].to_numpy()
     scores = [
-        _score(moe_model_times(with_terms(hardware, {"moe_compute": float(v)}), scored), meas)
+        fit_score(moe_model_times(with_terms(hardware, {"moe_compute": float(v)}), scored), meas)
         for v in FIT_GRID
     ]
     return float(FIT_GRID[int(np.argmin(scores))])
@@ -146,14 +134,5 @@ def moe_errors(hardware: HardwareProfile, rows: pd.DataFrame) -> pd.DataFrame:
     for dtype in MOE_DTYPES.values():
         mask = (scored["dtype"] == dtype).to_numpy()
         if mask.any():
-            err = np.abs(signed[mask])
-            out.append(
-                {
-                    "dtype": dtype,
-                    "kernels": int(mask.sum()),
-                    "median_err_pct": float(np.median(err)),
-                    "p90_err_pct": float(np.percentile(err, 90)),
-                    "median_signed_pct": float(np.median(signed[mask])),
-                }
-            )
+            out.append({"dtype": dtype, **error_summary(signed[mask])})
     return pd.DataFrame(out)

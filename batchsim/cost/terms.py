@@ -138,10 +138,12 @@ class HardwareTerms:
         *,
         ideal: bool = False,
         correction: Callable[[float, float, float], float] | None = None,
+        peak: float | None = None,
     ) -> GemmPricing:
-        """The GEMM pricing of these terms for weights of ``weight_bytes`` bytes."""
+        """The GEMM pricing of these terms for weights of ``weight_bytes`` bytes (at ``peak``
+        FLOP/s when given, else :attr:`peak`)."""
         return GemmPricing(
-            peak=self.peak,
+            peak=self.peak if peak is None else peak,
             bandwidth=self.bandwidth,
             num_sms=self.num_sms,
             min_kernel_time=self.min_kernel_time,
@@ -156,17 +158,7 @@ class HardwareTerms:
     def expert_gemm_pricing(self, weight_bytes: float, *, ideal: bool = False) -> GemmPricing:
         """The pricing of a fused MoE kernel's grouped expert GEMMs: the GEMM terms at
         ``moe_peak``, with no measured correction (the grid is of ungrouped GEMMs)."""
-        return GemmPricing(
-            peak=self.moe_peak,
-            bandwidth=self.bandwidth,
-            num_sms=self.num_sms,
-            min_kernel_time=self.min_kernel_time,
-            transition_exponent=self.transition_exponent,
-            tile_m=self.tile_m,
-            tile_n=self.tile_n,
-            weight_bytes=weight_bytes,
-            ideal=ideal,
-        )
+        return self.gemm_pricing(weight_bytes, ideal=ideal, peak=self.moe_peak)
 
     def attention_pricing(
         self, geometry: AttentionGeometry, kv_dtype_bytes: float, *, ideal: bool = False
