@@ -28,6 +28,7 @@ from batchsim.config import (
     load_experiment,
 )
 from batchsim.deployment import assemble
+from batchsim.deployment.setup import hybrid_kv_fallback
 from batchsim.errors import ConfigError, write_error
 from batchsim.metrics.columns import Columns
 from batchsim.metrics.iterations import ITERATION_COLUMNS, IterationLog, sample_rows
@@ -294,7 +295,7 @@ def simulate(
     summary["wall_time_s"] = time.perf_counter() - wall_start
     summary["config"] = config.model_dump(mode="json")  # as config.yaml: every key
     notes = run.notes + trace_notes(config.workload, base_dir)
-    notes += hybrid_window_notes(deployment.model, requests)
+    notes += hybrid_window_notes(deployment.model, requests, hybrid_kv_fallback(config.engine))
     iterations = run.iterations
     run.request_log = None  # type: ignore[assignment]  # its token runs: only the summary's
     return Result(
@@ -319,12 +320,13 @@ def _request_rate(config: ExperimentConfig) -> float:
     return workload.arrival.mean_rate()
 
 
-def hybrid_window_notes(model: ModelSpec, requests: Columns) -> list[str]:
+def hybrid_window_notes(model: ModelSpec, requests: Columns, fallback: str | None) -> list[str]:
     """A note when a model that interleaves sliding-window and full-attention layers (Gemma
-    2/3, gpt-oss) served a request longer than its window: batchsim charges those layers as
-    full attention, so the run's KV-cache use and attention time are upper bounds."""
+    2/3, gpt-oss) ran with a setting its per-group KV cache does not support (``fallback``
+    names it) and served a request longer than its window: batchsim then charges those layers
+    as full attention, so the run's KV-cache use and attention time are upper bounds."""
     window = model.hybrid_sliding_window
-    if not model.is_hybrid_attention or window is None:
+    if not model.is_hybrid_attention or window is None or fallback is None:
         return []
     ran = np.isfinite(requests["first_scheduled_time_s"])
     if not ran.any():
@@ -336,8 +338,8 @@ def hybrid_window_notes(model: ModelSpec, requests: Columns) -> list[str]:
     return [
         f"model {model.name}: {model.num_sliding_layers} of its {model.num_hidden_layers} "
         f"layers attend over a {window:,}-token sliding window and are simulated as full "
-        f"attention; requests reached {longest:,} tokens, so KV-cache use and attention time "
-        "are upper bounds past the window"
+        f"attention with {fallback}; requests reached {longest:,} tokens, so KV-cache use and "
+        "attention time are upper bounds past the window"
     ]
 
 

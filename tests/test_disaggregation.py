@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -34,6 +35,7 @@ from conftest import simulate_data, tiny_experiment
 LLAMA2_KV_BYTES_PER_TOKEN = 2 * 32 * 32 * 128 * 2
 assert LLAMA2_KV_BYTES_PER_TOKEN == 524_288
 LLAMA2_LAYERS = 32
+GPT_OSS_KV_BYTES_PER_TOKEN_LAYER = 2 * 8 * 64 * 2  # K and V, 8 KV heads of 64 dims, bf16
 
 
 def sim(data: dict[str, Any]) -> Result:
@@ -78,6 +80,17 @@ def disaggregated(
 
 
 # ------------------------------------------------------------------ one request, idle system
+
+
+def test_a_hybrid_models_sliding_layers_move_only_their_window() -> None:
+    # gpt-oss-20b: 12 full layers move all 1,000 prompt tokens, 12 sliding ones their last 128
+    data = one_request(1000, 4, model="gpt-oss-20b", hardware="h100-sxm")
+    link = {"bandwidth_gb_s": 25.0, "latency_us": 10.0}
+    one = sim(disaggregated(data, link)).requests.iloc[0]
+    layer = GPT_OSS_KV_BYTES_PER_TOKEN_LAYER
+    num_bytes = 12 * layer * 1000 + 12 * layer * 128
+    assert one["kv_transfer_bytes"] == pytest.approx(num_bytes, rel=1e-12)
+    assert one["kv_transfer_ms"] == pytest.approx((num_bytes / 25e9 + 10e-6) * 1e3, rel=1e-12)
 
 
 @pytest.mark.parametrize("prompt", [1000, 1777])
@@ -282,8 +295,14 @@ def test_kv_is_conserved_across_the_pools_and_every_request_ends_once(data):
         assert req.loc[req["request_id"] == rid, "decode_replica"].item() == index
     unmoved = reached[reached["kv_transfer_bytes"] == 0]
     assert (unmoved["status"] == "cancelled").all() and unmoved["kv_transfer_ms"].isna().all()
-    bytes_per_token = LLAMA2_KV_BYTES_PER_TOKEN
-    assert (moved["kv_transfer_bytes"] == moved["prompt_tokens"] * bytes_per_token).all()
+    if data["model"] == "gpt-oss-20b":  # 12 full layers, 12 sliding over 128 tokens
+        layer = GPT_OSS_KV_BYTES_PER_TOKEN_LAYER
+        prompt = moved["prompt_tokens"]
+        expected = 12 * layer * prompt + 12 * layer * np.minimum(prompt, 128)
+        np.testing.assert_allclose(moved["kv_transfer_bytes"], expected, rtol=1e-12)
+    else:
+        expected = moved["prompt_tokens"] * LLAMA2_KV_BYTES_PER_TOKEN
+        assert (moved["kv_transfer_bytes"] == expected).all()
     assert (moved["kv_transfer_ms"] > 0).all() and (moved["kv_wait_ms"] >= 0).all()
     done = req[req["status"] == "finished"]
     assert (done["output_tokens"] == done["max_tokens"]).all()

@@ -121,6 +121,8 @@ def experiments(draw: st.DrawFn) -> dict[str, Any]:
         workload_prefix = None
     data = tiny_experiment(seed=draw(st.integers(0, 2**16)))
     data.update(scheduler=scheduler, engine=engine, workload=workload)
+    if draw(st.integers(0, 4)) == 0:  # a hybrid KV cache: gpt-oss-20b slides 128 tokens
+        data.update(model="gpt-oss-20b", hardware="h100-sxm")  # on every other layer
     if workload_prefix is not None:
         data["_prefix"] = workload_prefix  # see conftest.simulate_data
     return data
@@ -474,6 +476,8 @@ def chunked_arrivals(draw: st.DrawFn) -> dict[str, Any]:
         engine["max_model_len"] = draw(st.integers(longest // 2, longest + 40))
     data = tiny_experiment(seed=draw(st.integers(0, 2**16)))
     data.update(scheduler=scheduler, engine=engine, workload=workload)
+    if draw(st.integers(0, 4)) == 0:  # a hybrid KV cache: gpt-oss-20b slides 128 tokens
+        data.update(model="gpt-oss-20b", hardware="h100-sxm")  # on every other layer
     if draw(st.integers(0, 2)) == 0:  # shared prefixes, cached or not
         engine["enable_prefix_caching"] = draw(st.booleans())
         data["_prefix"] = prefix_rows(draw, workload["num_requests"])  # see conftest

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from test_invariants import experiments
 
@@ -504,6 +504,9 @@ _ALL_CANCELLED_AFTER_A_RECOMPUTE = {
 def test_caching_changes_nothing_when_no_request_shares_anything(data):
     # Each request's sequence is its own content: nothing is ever found cached unless a
     # request preempted by recompute finds its own blocks again.
+    # (A hybrid model's KV cache is grouped by layer kind without caching and whole with it:
+    # caching changes its layout; test_hybrid_kv compares the two.)
+    assume(data["model"] != "gpt-oss-20b")
     data = copy.deepcopy(data)
     num = data["workload"]["num_requests"]
     data["_prefix"] = [[(1000 + i, 50 + 7 * i)] for i in range(num)]

@@ -14,6 +14,7 @@ config loader and the CLI build on this module.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +49,12 @@ class ModelSpec:
             or None. The engine's KV cache and the cost model apply it to all layers.
         hybrid_sliding_window: Window in tokens of the sliding-window layers of a model that
             interleaves sliding-window and full-attention layers (Gemma 2/3, gpt-oss), else
-            None. The engine (one KV-cache window for all layers) runs such a model as full
-            attention on every layer: KV capacity counts every layer at full length and
-            attention reads every cached token in every layer — an upper bound on memory and
-            attention time, exact while every context fits in the window. The exact footprint
-            of one sequence is :meth:`kv_bytes`.
+            None. The engine keeps such a model's KV cache per layer group
+            (:meth:`kv_layer_groups`, vLLM's hybrid KV-cache manager) and the cost model reads
+            each layer's own span; with prefix caching or speculative decoding, which the
+            grouped cache does not model, every layer runs as full attention (an upper bound
+            on memory and attention time past the window; the run says so). The exact
+            footprint of one sequence is :meth:`kv_bytes`.
         num_sliding_layers: Layers that use ``hybrid_sliding_window`` (0 unless hybrid).
         qkv_bias: q/k/v projections have a bias.
         max_position_embeddings: Longest context the model was configured for (tokens).
@@ -144,6 +146,28 @@ class ModelSpec:
     def is_hybrid_attention(self) -> bool:
         """True when sliding-window and full-attention layers alternate (Gemma 2/3, gpt-oss)."""
         return self.hybrid_sliding_window is not None and self.num_sliding_layers > 0
+
+    def kv_layer_groups(self) -> tuple[int, int, int]:
+        """How a hybrid KV cache (vLLM's hybrid KV-cache manager) splits the layers: (full
+        groups, sliding-window groups, layers per group).
+
+        Every group holds the same number of layers, the greatest common divisor of the
+        full-attention and sliding-window layer counts, so that one block of the shared pool
+        holds ``block_size`` tokens of one group whatever its kind. A request holds one block
+        per ``block_size`` tokens in each full group, and in each sliding group only those of
+        its last window. A model without a hybrid layout is one group of every layer: a full
+        one, or a sliding one when every layer slides.
+        """
+        layers = self.num_hidden_layers
+        if self.is_hybrid_attention:
+            sliding = self.num_sliding_layers
+            if sliding < layers:
+                g = math.gcd(layers - sliding, sliding)
+                return (layers - sliding) // g, sliding // g, g
+            return 0, 1, layers
+        if self.sliding_window is not None:
+            return 0, 1, layers
+        return 1, 0, layers
 
     @property
     def attention_type(self) -> str:
@@ -341,9 +365,8 @@ class ModelSpec:
     def kv_elements_per_token(self) -> int:
         """Cached values per token over all layers (K and V, or the MLA latent).
 
-        Every layer counts, sliding-window layers included: what the engine charges per
-        cached token (see ``hybrid_sliding_window``); :meth:`kv_bytes` is the exact footprint
-        of a sequence.
+        Every layer counts, sliding-window layers included: the bytes of a token the window
+        has not yet dropped; :meth:`kv_bytes` is the footprint of a whole sequence.
         """
         return self.num_hidden_layers * self.kv_elements_per_layer
 

@@ -74,13 +74,25 @@ class KVTransferModel:
     num_layers: int
     window: int | None = None
     """Sliding window of the model (only the window's tokens move), or None."""
+    hybrid_window: int | None = None
+    """A hybrid model's sliding-window layers' window, when the decode pool keeps its KV per
+    layer group: those layers move only the window's tokens."""
+    window_share: float = 0.0
+    """The part of a token's KV in those sliding-window layers."""
 
-    def num_tokens(self, num_prompt_tokens: int) -> int:
-        """Tokens whose KV moves for a prompt of ``num_prompt_tokens``."""
+    def num_tokens(self, num_prompt_tokens: int) -> float:
+        """Tokens' worth of every layer's KV that moves for a prompt of ``num_prompt_tokens``
+        (a fraction with a hybrid model's sliding-window layers)."""
         window = self.window
-        return num_prompt_tokens if window is None else min(num_prompt_tokens, window)
+        if window is not None:
+            return min(num_prompt_tokens, window)
+        if self.hybrid_window is None:
+            return num_prompt_tokens
+        share = self.window_share
+        windowed = min(num_prompt_tokens, self.hybrid_window)
+        return num_prompt_tokens * (1.0 - share) + windowed * share
 
-    def link_time(self, num_tokens: int) -> float:
+    def link_time(self, num_tokens: float) -> float:
         """Time ``num_tokens`` tokens' KV takes on the link, s (latency excluded)."""
         time = kv_transfer_link_time(num_tokens, self.bytes_per_token_per_gpu, self.bandwidth)
         return float(time)
@@ -97,8 +109,8 @@ class Transfer:
     """When its prefill instance's iteration sampling its first token ended, s."""
     held_blocks: int
     """KV blocks it holds on the prefill instance until it has moved."""
-    num_tokens: int
-    """Tokens whose KV moves."""
+    num_tokens: float
+    """Tokens' worth of KV that moves (:meth:`KVTransferModel.num_tokens`)."""
     compute_time: float
     """GPU time of the prompt's last iteration, s (``layerwise`` only; else 0)."""
     first_pass: int = 0

@@ -274,6 +274,29 @@ class AttentionPricing:
         )
         return attn, kv_read
 
+    def hybrid_group(
+        self,
+        shape: BatchShape,
+        tokens: int,
+        full_layers: int,
+        window_layers: int,
+        cache_write: KernelCost,
+    ) -> tuple[OpCost, Any]:
+        """:meth:`group` of a hybrid model: ``full_layers`` layers read ``kv_read_tokens``
+        (and compute ``attn_pairs``), ``window_layers`` sliding-window layers read
+        ``window_kv_read_tokens`` (and compute ``window_attn_pairs``)."""
+        no_write = KernelCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # written once, with the window
+        full, full_read = self.group(shape, tokens, full_layers, no_write)
+        windowed = shape._replace(
+            kv_read_tokens=shape.window_kv_read_tokens, attn_pairs=shape.window_attn_pairs
+        )
+        win, win_read = self.group(windowed, tokens, window_layers, cache_write)
+        parts = zip(
+            (full.flops, full.bytes, full.time, full.compute_time, full.memory_time),
+            (win.flops, win.bytes, win.time, win.compute_time, win.memory_time),
+        )
+        return OpCost(*(a + b for a, b in parts)), full_read + win_read
+
     def token_slopes(self, num_layers: int) -> DecodeSlopes:
         """Growth of the attention group's totals per extra cached token a decode row reads:
         one pair and one token's K and V per layer (linear; its time is not)."""

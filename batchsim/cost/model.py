@@ -195,6 +195,12 @@ class RooflineCostModel:
         # products of AttentionPricing.group, in its order
         self._kv_layer_bytes = self._num_layers * self.attention._kv_elems * self._kvb
         self._flops_layer = self._num_layers * self.attention._flops_pair
+        # a hybrid model's sliding-window layers, priced on a shape's window_* fields
+        self._window_layers = model.num_sliding_layers if model.is_hybrid_attention else 0
+        self.hybrid_window = model.hybrid_sliding_window if self._window_layers else None
+        """The window of the sliding-window layers of a hybrid model (None otherwise): shapes
+        that count those layers' reads apart (``BatchShape.window_kv_read_tokens``) are priced
+        per layer kind; shapes that do not, as full attention on every layer."""
 
     # ----------------------------------------------------------------- groups of an iteration
     def _token_groups(self, tokens: int) -> _TokenGroups:
@@ -364,8 +370,19 @@ class RooflineCostModel:
         if tokens <= 0:
             return EMPTY_COST
         rest = self._rest(tokens, int(sampled))
-        attn, kv_read = self.attention.group(shape, tokens, self._num_layers, rest.cache_write)
+        attn, kv_read = self._attention_group(shape, tokens, rest.cache_write)
         return self._combine(rest, attn, kv_read)
+
+    def _attention_group(
+        self, shape: BatchShape, tokens: int, cache_write: KernelCost
+    ) -> tuple[OpCost, Any]:
+        """The attention group over every layer (a hybrid model's two kinds when the shape
+        counts its sliding-window reads apart)."""
+        if not self._window_layers or shape.window_kv_read_tokens is None:
+            return self.attention.group(shape, tokens, self._num_layers, cache_write)
+        return self.attention.hybrid_group(
+            shape, tokens, self._num_layers - self._window_layers, self._window_layers, cache_write
+        )
 
     def step_cost(self, shape: BatchShape) -> StepCost:
         """The totals of :meth:`estimate` that the engine logs, for a shape of python ints.
@@ -376,6 +393,10 @@ class RooflineCostModel:
         costs about what a decode-only one does. (The fields are read as ints, so that the
         compiled engine computes unboxed; integers of other types are converted.)
         """
+        if self._window_layers and shape.window_kv_read_tokens is not None:
+            c = self.estimate(shape)  # two kinds of attention layer: the general path
+            fields = (c.time, c.flops, c.bytes, c.weight_bytes, c.kv_bytes)
+            return _new_step(StepCost, (*fields, c.compute_time - c.memory_time))
         prefill = as_int(shape.num_prefill_tokens)
         padding = as_int(shape.num_padding_tokens)
         tokens = prefill + as_int(shape.num_decode_tokens) + padding
@@ -439,12 +460,16 @@ class RooflineCostModel:
         return cost, decode_steps_in_block(shape.kv_read_tokens, n)
 
     def estimate_decode_stretch(
-        self, shape: BatchShape, kv_read_tokens: np.ndarray
+        self,
+        shape: BatchShape,
+        kv_read_tokens: np.ndarray,
+        window_kv_read_tokens: np.ndarray | None = None,
     ) -> IterationCost:
         """Cost of consecutive decode iterations of one batch whose cached context grows.
 
         ``shape`` is the first iteration; iteration k reads ``kv_read_tokens[k]`` cached tokens
-        (and computes that many plus one pair per decode). Only the attention group depends on
+        (and computes that many plus one pair per decode), a hybrid model's sliding-window
+        layers ``window_kv_read_tokens[k]``. Only the attention group depends on
         the context, so the other groups are priced once and the attention group as arrays.
         Equals :meth:`estimate` on the corresponding shapes up to float rounding.
 
@@ -452,12 +477,12 @@ class RooflineCostModel:
             An IterationCost whose totals are arrays over the iterations; ``ops`` holds the
             first iteration's groups except ``attention``, which holds arrays.
         """
-        stretch = shape.with_decode_context(kv_read_tokens)
+        stretch = shape.with_decode_context(kv_read_tokens, window_kv_read_tokens)
         tokens = int(shape.num_prefill_tokens + shape.num_decode_tokens + shape.num_padding_tokens)
         if shape.num_prefill_tokens or tokens <= 0:
             return self.estimate(stretch)
         rest = self._rest(tokens, int(shape.num_sampled_tokens))
-        attn, kv_read = self.attention.group(stretch, tokens, self._num_layers, rest.cache_write)
+        attn, kv_read = self._attention_group(stretch, tokens, rest.cache_write)
         return self._combine(rest, attn, kv_read)
 
     @functools.cached_property
@@ -490,10 +515,13 @@ class RooflineCostModel:
 
     def _estimate_varying(self, shape: BatchShape) -> IterationCost:
         """Array path when the row count or sampled rows vary: price each element alone."""
-        fields = BatchShape._fields
+        fields = [f for f in BatchShape._fields if getattr(shape, f) is not None]
         arrays = np.broadcast_arrays(*(np.asarray(getattr(shape, f)) for f in fields))
         n = arrays[0].size
-        parts = [self.estimate(BatchShape(*(int(a.flat[i]) for a in arrays))) for i in range(n)]
+        parts = [
+            self.estimate(BatchShape(**{f: int(a.flat[i]) for f, a in zip(fields, arrays)}))
+            for i in range(n)
+        ]
         return IterationCost.stack(parts)
 
     @property
@@ -530,10 +558,11 @@ class RooflineCostModel:
         Doubling search then bisection (assumes compute-boundness, once reached, persists).
         Returns None when even ``max_batch`` requests are memory-bound.
         """
-        window = self.model.sliding_window
+        window, hybrid = self.model.sliding_window, self.hybrid_window
 
         def compute_bound(batch: int) -> bool:
-            return bool(self.estimate(BatchShape.decode(batch, context_len, window)).compute_bound)
+            shape = BatchShape.decode(batch, context_len, window, hybrid)
+            return bool(self.estimate(shape).compute_bound)
 
         if compute_bound(1):
             return 1

@@ -55,6 +55,13 @@ class BatchShape(NamedTuple):
         num_graph_padding_tokens: Rows a CUDA graph adds to a decode batch (counted in
             ``num_padding_tokens`` too): they run through the GEMMs, elementwise kernels and
             all-reduces but attend to nothing and sample nothing (:func:`cuda_graph_padded`).
+        window_kv_read_tokens: For a model that mixes sliding-window and full-attention layers
+            (gpt-oss, Gemma 2/3), the cached tokens its sliding-window layers read (``kv_read_
+            tokens`` is then the full-attention layers'); None: every layer reads
+            ``kv_read_tokens`` (what the cost model charges a hybrid model without it, an upper
+            bound).
+        window_attn_pairs: The (query, key) pairs of those sliding-window layers, with
+            ``window_kv_read_tokens``.
     """
 
     num_seqs: Any
@@ -66,6 +73,8 @@ class BatchShape(NamedTuple):
     attn_pairs: Any = 0
     num_padding_seqs: Any = 0
     num_graph_padding_tokens: Any = 0
+    window_kv_read_tokens: Any = None
+    window_attn_pairs: Any = None
 
     @property
     def num_tokens(self) -> Any:
@@ -90,6 +99,7 @@ class BatchShape(NamedTuple):
         num_padding_seqs: int = 0,
         padding_context: int = 0,
         window: int | None = None,
+        hybrid_window: int | None = None,
     ) -> BatchShape:
         """Aggregate per-request token counts into a shape.
 
@@ -105,7 +115,10 @@ class BatchShape(NamedTuple):
             num_padding_seqs: One-row padding sequences (they sample, as naive batched
                 generation computes logits for every row).
             padding_context: Cached tokens of each padding sequence.
-            window: Sliding-window length in keys, or None.
+            window: Sliding-window length in keys of every layer, or None.
+            hybrid_window: Sliding-window length of the sliding-window layers of a hybrid
+                model (their reads are counted in ``window_kv_read_tokens`` and
+                ``window_attn_pairs``), or None.
 
         Raises:
             ValueError: Mismatched lengths, negative counts, or ``pad_to`` below a prefill.
@@ -150,6 +163,18 @@ class BatchShape(NamedTuple):
             kv_read += num_padding_seqs * cached
             pairs += num_padding_seqs * window_pairs(1, cached, window)
         num_sampled = n if sampled is None else sum(sampled)
+        window_kv_read = window_pairs_sum = None
+        if hybrid_window is not None:
+            window_kv_read = window_pairs_sum = 0
+            for q, c, is_decode in zip(new_tokens, context_tokens, decode):
+                cached = cached_keys(c, hybrid_window)
+                rows = q if is_decode or pad_to is None else pad_to
+                window_kv_read += cached
+                window_pairs_sum += window_pairs(rows, cached, hybrid_window)
+            if num_padding_seqs:
+                cached = cached_keys(padding_context, hybrid_window)
+                window_kv_read += num_padding_seqs * cached
+                window_pairs_sum += num_padding_seqs * window_pairs(1, cached, hybrid_window)
         return cls(
             num_seqs=n,
             num_prefill_tokens=prefill,
@@ -159,36 +184,69 @@ class BatchShape(NamedTuple):
             kv_read_tokens=kv_read,
             attn_pairs=pairs,
             num_padding_seqs=num_padding_seqs,
+            window_kv_read_tokens=window_kv_read,
+            window_attn_pairs=window_pairs_sum,
         )
 
-    def with_decode_context(self, kv_read_tokens: Any) -> BatchShape:
+    def with_decode_context(
+        self, kv_read_tokens: Any, window_kv_read_tokens: Any = None
+    ) -> BatchShape:
         """This decode batch with ``kv_read_tokens`` cached tokens read (a number, or an array
         over the iterations of a decode stretch). Each decode row computes one pair more than
         the cached keys it reads (exact with a window too: :func:`cached_keys` leaves room for
-        the query)."""
+        the query). A hybrid model's sliding-window layers read ``window_kv_read_tokens``
+        (default: as many as the others, true while no context exceeds their window)."""
+        if self.window_kv_read_tokens is None:
+            return self._replace(
+                kv_read_tokens=kv_read_tokens, attn_pairs=kv_read_tokens + self.num_decode_rows
+            )
+        if window_kv_read_tokens is None:
+            window_kv_read_tokens = kv_read_tokens
         return self._replace(
-            kv_read_tokens=kv_read_tokens, attn_pairs=kv_read_tokens + self.num_decode_rows
+            kv_read_tokens=kv_read_tokens,
+            attn_pairs=kv_read_tokens + self.num_decode_rows,
+            window_kv_read_tokens=window_kv_read_tokens,
+            window_attn_pairs=window_kv_read_tokens + self.num_decode_rows,
         )
 
     @classmethod
-    def decode(cls, batch_size: int, context_len: int, window: int | None = None) -> BatchShape:
+    def decode(
+        cls,
+        batch_size: int,
+        context_len: int,
+        window: int | None = None,
+        hybrid_window: int | None = None,
+    ) -> BatchShape:
         """``batch_size`` decoding requests, each with ``context_len`` cached tokens
         (:meth:`from_requests` of identical decodes, in closed form)."""
         cached = cached_keys(context_len, window)
+        window_read = window_pairs_sum = None
+        if hybrid_window is not None:
+            hybrid = cached_keys(context_len, hybrid_window)
+            window_read = batch_size * hybrid
+            window_pairs_sum = batch_size * window_pairs(1, hybrid, hybrid_window)
         return cls(
             num_seqs=batch_size,
             num_decode_tokens=batch_size,
             num_sampled_tokens=batch_size,
             kv_read_tokens=batch_size * cached,
             attn_pairs=batch_size * window_pairs(1, cached, window),
+            window_kv_read_tokens=window_read,
+            window_attn_pairs=window_pairs_sum,
         )
 
     @classmethod
     def prefill(
-        cls, num_tokens: int, context_len: int = 0, window: int | None = None
+        cls,
+        num_tokens: int,
+        context_len: int = 0,
+        window: int | None = None,
+        hybrid_window: int | None = None,
     ) -> BatchShape:
         """One prefill chunk of ``num_tokens`` after ``context_len`` cached tokens; it samples."""
-        return cls.from_requests([num_tokens], [context_len], decode=[False], window=window)
+        return cls.from_requests(
+            [num_tokens], [context_len], decode=[False], window=window, hybrid_window=hybrid_window
+        )
 
 
 def cuda_graph_size(num_rows: int, max_size: int) -> int | None:

@@ -13,7 +13,9 @@ Conventions:
 - **Bytes.** A transfer moves the KV of the prompt's tokens (the window's last tokens for a
   model with a sliding window on every layer), all layers: ``kv_transfer_bytes`` is tokens x
   the model's KV bytes per token (``2 x layers x KV heads x head dim x dtype bytes``, or MLA's
-  latent).
+  latent). A hybrid model's sliding-window layers move only their window's tokens when the
+  decode pool keeps its KV per layer group (:func:`~batchsim.deployment.setup.
+  hybrid_kv_groups`).
 - **Tensor parallelism.** Every GPU has its own link (the ``link``'s bandwidth is one GPU's, one
   direction). The GPUs' shards move at once, so a transfer takes the larger per-GPU shard (of
   the sending or the receiving side: a TP1 decode instance receives everything over its one
@@ -94,6 +96,10 @@ def transfer_model(config: ExperimentConfig, prefill: Setup, decode: Setup) -> K
         layerwise=spec.mode == "layerwise",
         num_layers=model.num_hidden_layers,
         window=model.sliding_window,
+        # a decode pool that keeps a hybrid model's KV per layer group takes the window of its
+        # sliding-window layers only
+        hybrid_window=model.hybrid_sliding_window if decode.hybrid_kv_groups else None,
+        window_share=model.num_sliding_layers / model.num_hidden_layers,
     )
 
 

@@ -67,6 +67,17 @@ def engine_parts(
             setup.num_cpu_blocks,
             watermark_blocks=watermark,
         )
+    elif setup.hybrid_kv_groups is not None:  # per layer group (vLLM's hybrid KV cache)
+        full, sliding, _ = setup.hybrid_kv_groups
+        kv = KVCacheManager(
+            setup.num_gpu_blocks,
+            engine_cfg.block_size,
+            setup.num_cpu_blocks,
+            window=setup.model.hybrid_sliding_window,
+            watermark_blocks=watermark,
+            full_groups=full,
+            window_groups=sliding,
+        )
     else:
         kv = KVCacheManager(
             setup.num_gpu_blocks,

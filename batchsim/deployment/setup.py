@@ -70,6 +70,32 @@ class Setup:
     pipeline: PipelineCostModel | None = None
     """The stages of ``parallel.pipeline_parallel_size`` > 1 (None: no pipeline; then
     :attr:`cost_model` prices every iteration)."""
+    hybrid_kv_groups: tuple[int, int, int] | None = None
+    """A hybrid model's KV cache per layer group (vLLM's hybrid KV-cache manager): its full
+    groups, sliding-window groups and layers per group (one block holds ``block_size`` tokens
+    of one group); None: one block holds a token range in every layer (see
+    :func:`hybrid_kv_groups`)."""
+
+
+def hybrid_kv_groups(model: ModelSpec, engine: EngineConfig) -> tuple[int, int, int] | None:
+    """The layer groups of ``model``'s hybrid KV cache
+    (:meth:`~batchsim.catalog.model.ModelSpec.kv_layer_groups`), or None when it has none: a
+    model of one attention kind, or a hybrid one with prefix caching or speculative decoding,
+    which batchsim runs with full attention on every layer (an upper bound on KV use and
+    attention time past the window; the run says so)."""
+    if not model.is_hybrid_attention or hybrid_kv_fallback(engine):
+        return None
+    return model.kv_layer_groups()
+
+
+def hybrid_kv_fallback(engine: EngineConfig) -> str | None:
+    """Why a hybrid model runs with full attention on every layer under ``engine`` (a
+    setting batchsim's per-group KV cache does not support), or None."""
+    if engine.enable_prefix_caching:
+        return "engine.enable_prefix_caching"
+    if engine.speculative is not None:
+        return "engine.speculative"
+    return None
 
 
 def with_engine_terms(hardware: HardwareProfile, engine: EngineConfig) -> HardwareProfile:
@@ -159,6 +185,9 @@ def engine_setup(config: ExperimentConfig, hardware: HardwareProfile | None = No
     # the draft model's weights sit next to the target's; each block holds both KVs
     draft_kv = draft.kv_bytes_per_token_per_gpu if draft is not None else 0.0
     draft_weights = draft.weight_bytes_per_gpu if draft is not None else 0.0
+    groups = hybrid_kv_groups(model, engine)
+    # a hybrid model's block holds its token range in one group's layers
+    group_share = 1.0 if groups is None else groups[2] / model.num_hidden_layers
     if engine.num_gpu_blocks is not None:
         blocks = engine.num_gpu_blocks
     else:
@@ -170,7 +199,9 @@ def engine_setup(config: ExperimentConfig, hardware: HardwareProfile | None = No
                 gpu_memory_utilization=engine.gpu_memory_utilization,
                 weight_bytes=stage.weight_bytes_per_gpu + draft_weights,
                 activation_reserve_bytes=activation_reserve_bytes(model, config, tp),
-                block_bytes=(stage.kv_bytes_per_token_per_gpu + draft_kv) * engine.block_size,
+                block_bytes=(stage.kv_bytes_per_token_per_gpu + draft_kv)
+                * engine.block_size
+                * group_share,
             )
             for stage in stages
         )
@@ -190,7 +221,7 @@ def engine_setup(config: ExperimentConfig, hardware: HardwareProfile | None = No
             )
         # the stage with the most layers copies the most bytes per block
         kv_bytes_per_token = max(s.kv_bytes_per_token_per_gpu for s in stages) + draft_kv
-        block_bytes = kv_bytes_per_token * engine.block_size
+        block_bytes = kv_bytes_per_token * engine.block_size * group_share
         cpu_blocks = int(engine.swap_space_gib * 2**30 // block_bytes)
         link = hardware.host_bandwidth * hardware.efficiency["host_transfer_efficiency"]
         swap_time = block_bytes / link
@@ -204,6 +235,7 @@ def engine_setup(config: ExperimentConfig, hardware: HardwareProfile | None = No
         swap_time,
         draft_cost_model=draft,
         pipeline=pipeline,
+        hybrid_kv_groups=groups,
     )
 
 

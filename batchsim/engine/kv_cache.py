@@ -1,7 +1,8 @@
 """The paged KV cache: a pool of fixed-size blocks and who holds how many.
 
 Only counts are simulated (no block tables): a request holds ``ceil(tokens / block_size)``
-blocks for the tokens it has computed or reserved (fewer with a sliding window). All block
+blocks for the tokens it has computed or reserved (fewer with a sliding window; per layer
+group for a model that mixes sliding-window and full-attention layers). All block
 arithmetic lives here, including the bulk growth of a decode stretch. Capacity comes from memory:
 ``(memory x gpu_memory_utilization - weights - activation reserve) / bytes per block``, per GPU
 under tensor parallelism (each GPU holds its share of every block).
@@ -91,6 +92,14 @@ class KVCacheManager:
     request's next query (tokens older than ``num_computed_tokens - W + 1``) are freed the
     next time the request grows.
 
+    A hybrid model (sliding-window and full-attention layers, as gpt-oss and Gemma 2/3) splits
+    its layers into groups of equal size (:meth:`~batchsim.catalog.model.ModelSpec.
+    kv_layer_groups`), as vLLM's hybrid KV-cache manager does: one block of the pool then holds
+    ``block_size`` tokens of one group, a request holds a block per ``block_size`` tokens in each
+    of the ``full_groups`` full-attention groups and, in each of the ``window_groups``
+    sliding-window groups, only those of its window. A model whose every layer slides is one
+    sliding group (the defaults).
+
     Admission keeps a watermark: a waiting request is admitted (or a swapped one resumed) only
     if ``watermark_blocks`` stay free after its allocation, so that running requests can grow
     without preempting at once (vLLM's block-manager watermark); growth of running requests
@@ -103,6 +112,8 @@ class KVCacheManager:
             ``swap_space``).
         window: Sliding-window length (keys per query), or None for full attention.
         watermark_blocks: Blocks admission leaves free.
+        full_groups: With a window, layer groups that keep every token (hybrid models).
+        window_groups: With a window, layer groups that keep only the window.
     """
 
     caches_prefixes: ClassVar[bool] = False
@@ -123,9 +134,12 @@ class KVCacheManager:
         *,
         window: int | None = None,
         watermark_blocks: int = 0,
+        full_groups: int = 0,
+        window_groups: int = 1,
     ):
         assert num_blocks >= 1 and block_size >= 1 and num_cpu_blocks >= 0
         assert 0 <= watermark_blocks < num_blocks and (window is None or window >= 1)
+        assert full_groups >= 0 and window_groups >= 1
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free = num_blocks
@@ -133,6 +147,11 @@ class KVCacheManager:
         self.num_free_cpu_blocks = num_cpu_blocks
         self.window = window
         self.watermark_blocks = watermark_blocks
+        self.full_groups = full_groups if window is not None else 0
+        self.window_groups = window_groups if window is not None else 1
+        self.hybrid_window = window if self.full_groups else None
+        """The window of a hybrid model's sliding-window layers (None unless hybrid): the
+        schedulers count the cached tokens those layers read apart from the others'."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -169,7 +188,10 @@ class KVCacheManager:
 
     @property
     def capacity_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        """Tokens the pool holds while no window frees any (a hybrid model's blocks are
+        shared by its layer groups, as vLLM reports the size of a hybrid KV cache)."""
+        groups = self.full_groups + self.window_groups if self.window is not None else 1
+        return self.num_blocks // groups * self.block_size
 
     def blocks_held(self, num_computed_tokens: int, num_tokens: int) -> int:
         """Blocks a request holds for ``num_tokens`` tokens once ``num_computed_tokens`` of
@@ -177,14 +199,18 @@ class KVCacheManager:
         bs = self.block_size
         blocks = -(-num_tokens // bs)
         if self.window is not None:
+            kept = blocks
             skipped = num_computed_tokens - self.window + 1
             if skipped >= bs:
-                blocks -= skipped // bs
+                kept -= skipped // bs
+            return self.full_groups * blocks + self.window_groups * kept
         return blocks
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """A request of ``num_tokens`` tokens fits the pool whole (above the watermark)."""
         need = num_blocks_for(num_tokens, self.block_size)
+        if self.window is not None:
+            need *= self.full_groups + self.window_groups
         return need <= self.num_blocks - self.watermark_blocks
 
     def can_allocate(self, request: Request, num_tokens: int, *, admission: bool = False) -> bool:
@@ -240,13 +266,14 @@ class KVCacheManager:
         bs = self.block_size
         free = self.num_free_blocks - self.num_idle_blocks  # a stretch never evicts
         cap = None if self.window is None else -(-self.window // bs) + 1
+        full, slide = self.full_groups, self.window_groups
 
         def need(k: int) -> int:
             total = 0
             for r in requests:
                 blocks = -(-(r.num_computed_tokens + k) // bs)
-                if cap is not None and blocks > cap:
-                    blocks = cap
+                if cap is not None:
+                    blocks = full * blocks + slide * (cap if blocks > cap else blocks)
                 if blocks > r.num_blocks:
                     total += blocks - r.num_blocks
             return total
@@ -265,7 +292,8 @@ class KVCacheManager:
             tokens = computed[None, :] + np.arange(1, num_steps + 1)[:, None]
             blocks = -(-tokens // bs)
             skipped = tokens - self.window  # computed - window + 1, with computed = tokens - 1
-            blocks -= np.where(skipped >= bs, skipped // bs, 0)
+            kept = blocks - np.where(skipped >= bs, skipped // bs, 0)
+            blocks = self.full_groups * blocks + self.window_groups * kept
             extra = (blocks - held[None, :]).sum(axis=1)
             return (used + extra) / self.num_blocks
         counts = [0] * (bs + 1)

@@ -294,7 +294,7 @@ class PipelineEngine(Engine):
         requests = own.copy()
         batch = CohortBatch(cohort, cohort.version, n, [], n)
         kv_read = cohort.context_tokens()
-        shape = _new_tuple(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0))
+        shape = _new_tuple(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0, None, None))
         batch.requests, batch.size = requests, n
         return SchedulerOutput(requests, [1] * n, shape, 0, n, n, n, [], batch=batch)
 

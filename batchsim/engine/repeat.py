@@ -84,9 +84,10 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     if steps <= 1 or scheduler.reserves_full_sequence:
         return max(1, steps)
     steps = kv.max_growth_steps(requests, steps)
-    if kv.window is not None and steps > 1:
-        # A window frees blocks as contexts slide; a policy may then admit a waiting
-        # request, so the stretch ends before free blocks exceed today's.
+    if kv.window is not None and steps > 1 and (scheduler.waiting or scheduler.swapped):
+        # A window frees blocks as contexts slide; a policy may then admit a waiting (or
+        # resume a swapped) request, so the stretch ends before free blocks exceed today's.
+        # (With none, freed blocks change nothing until an arrival, which ends a stretch.)
         steps = min(steps, _WINDOWED_MAX_STEPS)
         usage = np.atleast_1d(kv.usage_during_growth(requests, steps))
         freed = np.flatnonzero(usage < usage[0])

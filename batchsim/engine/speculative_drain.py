@@ -128,7 +128,9 @@ class SpeculativeDrain:
                 else:
                     plain += 1
             sampled = n + verify - num_verifying if verify else n
-            shape = _new_shape(BatchShape, (n, verify, plain, 0, sampled, kv_read, pairs, 0, 0))
+            shape = _new_shape(
+                BatchShape, (n, verify, plain, 0, sampled, kv_read, pairs, 0, 0, None, None)
+            )
             if graph_max:
                 shape = cuda_graph_padded(shape, graph_max)
             # the engine's pricing of a speculative iteration (proposals, then verification)

@@ -48,7 +48,7 @@ from batchsim.cost.costs import StepCost
 from batchsim.cost.model import as_int
 from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.cohort import Cohort
-from batchsim.engine.kv_cache import UsageRamp, expand_usage_ramps
+from batchsim.engine.kv_cache import KVCacheManager, UsageRamp, expand_usage_ramps
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.repeat import cohort_repeat
 from batchsim.engine.request import Request
@@ -82,6 +82,8 @@ class StretchHost(Protocol):
     (:class:`~batchsim.engine.engine.Engine` is one)."""
 
     scheduler: Scheduler
+    kv_cache: KVCacheManager
+    """The scheduler's block pool."""
     cost_model: RooflineCostModel
     options: EngineOptions
     on_step: Any
@@ -171,6 +173,8 @@ class StretchRunner:
             done, end = self._run_chunks(output, now, num_steps, event)
             return StepTimes(first, now, end, done)
         window = engine.scheduler.window
+        if window is None:  # a hybrid model's sliding-window layers' (runs need no window cut)
+            window = engine.kv_cache.hybrid_window
         if self.cost_model.ideal or (
             window is not None
             and max(max(output.context_tokens), output.padding_context) + num_steps >= window
@@ -266,7 +270,7 @@ class StretchRunner:
             running = scheduler.running  # (a member leaving may have replaced it)
             n = cohort.n
             kv_read = cohort.context_tokens()
-            shape = _new_shape(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0))
+            shape = _new_shape(BatchShape, (n, 0, n, 0, n, kv_read, kv_read + n, 0, 0, None, None))
             if graph_max:
                 shape = cuda_graph_padded(shape, graph_max)
             key = (n, shape.num_padding_tokens)
@@ -376,7 +380,9 @@ class StretchRunner:
                 row = engine.batch_row(final, cpu)
             elif done:
                 read, grown = kv_read + done * kv_step, pairs + done * pairs_step
-                at = _new_shape(BatchShape, (seqs, q, decodes, 0, sampled, read, grown, 0, 0))
+                at = _new_shape(
+                    BatchShape, (seqs, q, decodes, 0, sampled, read, grown, 0, 0, None, None)
+                )
             else:
                 at = shape
             cost = step_cost(at)
@@ -482,17 +488,22 @@ class StretchRunner:
         """Cost and durations of steps ``first .. first + size - 1`` of a decode stretch."""
         engine = self.engine
         shape = output.shape
-        window = engine.scheduler.window
+        window, hybrid = engine.scheduler.window, engine.kv_cache.hybrid_window
         steps = np.arange(first, first + size)
-        if window is not None:
+        window_read = None
+        if window is not None or hybrid is not None:
             contexts = np.array(output.context_tokens, dtype=np.int64)
             if shape.num_padding_seqs:
                 padding = np.full(int(shape.num_padding_seqs), output.padding_context)
                 contexts = np.concatenate((contexts, padding))
-            kv_read = np.minimum(contexts[None, :] + steps[:, None], window - 1).sum(axis=1)
+            grown = contexts[None, :] + steps[:, None]
+            if hybrid is not None:  # a hybrid model's sliding-window layers
+                window_read = np.minimum(grown, hybrid - 1).sum(axis=1)
+        if window is not None:
+            kv_read = np.minimum(grown, window - 1).sum(axis=1)
         else:
             kv_read = shape.kv_read_tokens + steps * shape.num_decode_rows
-        cost = self.cost_model.estimate_decode_stretch(shape, kv_read)
+        cost = self.cost_model.estimate_decode_stretch(shape, kv_read, window_read)
         gpu = cost.time
         if not isinstance(gpu, np.ndarray) or gpu.shape != (size,):
             gpu = np.full(size, gpu, dtype=float)

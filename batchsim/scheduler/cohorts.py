@@ -360,7 +360,7 @@ class CohortScheduling(SchedulerToolkit):
         """:meth:`make_output` of an iteration built by :meth:`_schedule_running_batch` (and
         requests added after the running ones), or of any requests (``batch`` None)."""
         if batch is None:
-            if self.window is not None or not self._own_helpers:
+            if self.window is not None or self.kv_cache.window is not None or not self._own_helpers:
                 return self.make_output(requests, tokens, preempted=preempted)
             members = kv_read = 0
             others = list(zip(range(len(requests)), requests, tokens))
@@ -368,7 +368,8 @@ class CohortScheduling(SchedulerToolkit):
             members = batch.members
             kv_read = batch.cohort.context_tokens()
             shape = _new_shape(
-                BatchShape, (members, 0, members, 0, members, kv_read, kv_read + members, 0, 0)
+                BatchShape,
+                (members, 0, members, 0, members, kv_read, kv_read + members, 0, 0, None, None),
             )
             batch.requests, batch.size = requests, members
             return SchedulerOutput(
@@ -398,7 +399,9 @@ class CohortScheduling(SchedulerToolkit):
             kv_read += computed
             pairs += q * computed + q * (q + 1) // 2
         n = len(requests)
-        shape = _new_shape(BatchShape, (n, prefill, decodes, 0, sampled, kv_read, pairs, 0, 0))
+        shape = _new_shape(
+            BatchShape, (n, prefill, decodes, 0, sampled, kv_read, pairs, 0, 0, None, None)
+        )
         if batch is not None:
             batch.requests, batch.size = requests, n
         return SchedulerOutput(

@@ -309,7 +309,8 @@ def verification_output(
     if scheduler.window is None and n and (num_decode < n or verify):
         # the aggregates BatchShape.from_requests computes, without a window
         shape = _new_shape(
-            BatchShape, (n, prefill_rows, decode_rows, 0, num_sampled, kv_read, pairs, 0, 0)
+            BatchShape,
+            (n, prefill_rows, decode_rows, 0, num_sampled, kv_read, pairs, 0, 0, None, None),
         )
     else:
         shape = BatchShape.from_requests(

@@ -81,6 +81,7 @@ class SchedulerToolkit(SchedulerCore):
             num_padding_seqs=empty,
             padding_context=padded_context or 0,
             window=self.window,
+            hybrid_window=self.kv_cache.hybrid_window,
         )
         return SchedulerOutput(
             requests=requests,
