@@ -267,13 +267,21 @@ class KVCacheManager:
         free = self.num_free_blocks - self.num_idle_blocks  # a stretch never evicts
         cap = None if self.window is None else -(-self.window // bs) + 1
         full, slide = self.full_groups, self.window_groups
+        if cap is not None:  # per request, in arrays: a batch of sliding-window models
+            computed = np.fromiter((r.num_computed_tokens for r in requests), np.int64)
+            held = np.fromiter((r.num_blocks for r in requests), np.int64)
+
+            def windowed_need(k: int) -> int:
+                blocks = -(-(computed + k) // bs)
+                blocks = full * blocks + slide * np.minimum(blocks, cap)
+                return int(np.maximum(blocks - held, 0).sum())
+
+            return most_steps_that_fit(windowed_need, limit, free)
 
         def need(k: int) -> int:
             total = 0
             for r in requests:
                 blocks = -(-(r.num_computed_tokens + k) // bs)
-                if cap is not None:
-                    blocks = full * blocks + slide * (cap if blocks > cap else blocks)
                 if blocks > r.num_blocks:
                     total += blocks - r.num_blocks
             return total
