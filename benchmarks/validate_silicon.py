@@ -61,8 +61,9 @@ fitted to any row.
 Requests per row: aiperf's 20 N. The first burst of N prompts waits for a whole wave of
 prefills, and how fast later rounds spread out depends on the engine's scheduler (a
 prefill-first one, SGLang's, keeps the clients in step; vLLM's mixed chunks spread them), so
-every round is simulated: batchsim takes 0.01-1 s a row, the whole file about a minute with
-``--jobs 2`` on a 2-core machine.
+every round is simulated: batchsim takes 0.01-1 s a row (up to 30 s for gpt-oss-120b with
+512 clients: a sliding-window model's batches are built request by request), the whole file
+about two and a half minutes with ``--jobs 2`` on a 2-core machine.
 Deterministic: ``seed: 0``, and the same results with any ``--jobs``.
 """
 
