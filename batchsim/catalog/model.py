@@ -81,6 +81,11 @@ class ModelSpec:
             else equal to ``hidden_size``.
         router_bias: The MoE router has a per-expert bias (DeepSeek-V3
             ``e_score_correction_bias``).
+        checkpoint_dtype: The weight dtype the checkpoint's ``quantization_config`` says
+            (:mod:`batchsim.catalog.quantization`), or None (16-bit weights): an experiment
+            that sets no ``engine.dtype`` runs in it.
+        checkpoint_kv_cache_dtype: The KV-cache dtype that config says (an FP8 KV-cache
+            scheme), or None: an experiment that sets no ``engine.kv_cache_dtype`` uses it.
         description: Free text.
         official_num_params: Published total parameter count, if known (for checking only).
         sources: Field -> where its value comes from.
@@ -122,6 +127,8 @@ class ModelSpec:
     num_learned_positions: int = 0
     word_embed_proj_dim: int = 0
     router_bias: bool = False
+    checkpoint_dtype: str | None = None
+    checkpoint_kv_cache_dtype: str | None = None
     description: str = ""
     official_num_params: float | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -418,4 +425,5 @@ class ModelSpec:
                 else self.sliding_window
             ),
             "max_context": self.max_position_embeddings,
+            "checkpoint_dtype": self.checkpoint_dtype,
         }

@@ -26,6 +26,7 @@ from typing import Any
 from batchsim.catalog import catalog_names, hf_cache, resolve
 from batchsim.catalog.hf_config import _Reader, read_fields
 from batchsim.catalog.model import ModelSpec
+from batchsim.catalog.quantization import checkpoint_precision
 from batchsim.errors import ConfigError
 from batchsim.validation import number_problem
 from batchsim.yamlio import line_of, read_mapping
@@ -80,7 +81,6 @@ IGNORED_HF_KEYS = frozenset(
         "scoring_func",
         "ep_size",
         "num_nextn_predict_layers",
-        "quantization_config",
         "n_ctx",
         "scale_attn_weights",
         "summary_type",
@@ -202,6 +202,13 @@ def _spec_from_mapping(
     ):
         raise r.error("sources", "must be a mapping of key -> source text")
 
+    weights = kv_dtype = None
+    if data.get("quantization_config") is not None:
+        r.used.add("quantization_config")
+        weights, kv_dtype = checkpoint_precision(
+            data["quantization_config"],
+            lambda key, message: _quantization_error(r, key, message),
+        )
     if strict:
         unknown = sorted(set(data) - r.used - _META_KEYS - IGNORED_HF_KEYS)
         if unknown:
@@ -215,6 +222,8 @@ def _spec_from_mapping(
     spec = ModelSpec(
         name=name,
         model_type=model_type,
+        checkpoint_dtype=weights,
+        checkpoint_kv_cache_dtype=kv_dtype,
         description=description,
         official_num_params=float(official) if official is not None else None,
         sources=dict(sources),
@@ -222,6 +231,12 @@ def _spec_from_mapping(
     )
     _check_consistency(spec, r)
     return spec
+
+
+def _quantization_error(r: _Reader, key: str, message: str) -> ConfigError:
+    """The error about ``key`` (dotted, "" for the block itself) of ``quantization_config``."""
+    path = ("quantization_config", *(key.split(".") if key else ()))
+    return ConfigError(f"{'.'.join(path)} {message}", r.source, line_of(r.text, path))
 
 
 def _check_consistency(spec: ModelSpec, r: _Reader) -> None:
@@ -297,6 +312,8 @@ def model_table() -> list[dict[str, Any]]:
     Keys: name, description, params_b, active_params_b, official_params_b, layers, hidden,
     heads, kv_heads, attention, experts, kv_kib_per_token_bf16 (every layer at full length:
     what the engine charges per cached token), weights_gb_bf16 (decimal GB), sliding_window
-    (the window of every layer, or ``"W on S/L layers"`` for a hybrid model), max_context.
+    (the window of every layer, or ``"W on S/L layers"`` for a hybrid model), max_context,
+    checkpoint_dtype (the weight dtype of a quantized release, :mod:`batchsim.catalog.
+    quantization`; None: 16-bit).
     """
     return [spec.summary() for spec in list_models()]

@@ -50,9 +50,12 @@ class EngineConfig(ConfigModel):
     """Tokens per KV-cache block."""
     dtype: WeightDtype = "bf16"
     """Weight precision (int8/int4 are weight-only quantization computing in bf16; nvfp4 runs
-    on FP4 tensor cores where the GPU has them, else weight-only)."""
+    on FP4 tensor cores where the GPU has them, else weight-only). Unset: a quantized
+    checkpoint's own (its ``quantization_config``, :mod:`batchsim.catalog.quantization`),
+    else bf16."""
     kv_cache_dtype: KvDtype = "auto"
-    """KV-cache precision; ``auto`` = same as ``dtype`` (fp16 for int weights)."""
+    """KV-cache precision; ``auto`` = same as ``dtype`` (fp16 for int weights). Unset with a
+    quantized checkpoint: its FP8 KV-cache scheme's ``fp8``, else ``bf16``."""
     max_model_len: StrictInt | None = Field(None, ge=1, le=2 * MAX_TOKENS)
     """Longest prompt + output accepted (tokens); default: the model's context length."""
     num_gpu_blocks: StrictInt | None = Field(None, ge=1, le=2**40)

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from batchsim.catalog import catalog_dir
 from batchsim.catalog.frameworks import apply_framework
+from batchsim.catalog.model_files import load_model
 from batchsim.config.experiment import ExperimentConfig
 from batchsim.config.groups import check_cluster
 from batchsim.errors import ConfigError
@@ -99,6 +100,12 @@ def validate_experiment(
     _expand_workload(raw, base, source)
     _absolutize(raw, base)
     try:
+        _apply_checkpoint(raw)
+    except ConfigError as exc:
+        if exc.source:  # about the model's own file
+            raise
+        raise _located(exc.message, source, text, overridden) from None
+    try:
         apply_framework(raw, _policy_keys)
     except ConfigError as exc:
         raise _located(exc.message, source, text, overridden) from None
@@ -114,6 +121,23 @@ def validate_experiment(
     except ConfigError as exc:
         raise _located(exc.message, source, text, overridden) from None
     return config
+
+
+def _apply_checkpoint(data: dict[str, Any]) -> None:
+    """The precision of a quantized checkpoint (its ``quantization_config``,
+    :mod:`batchsim.catalog.quantization`) for the ``engine`` keys ``data`` does not set, as
+    an engine loads it; the resolved ``config.yaml`` then records them."""
+    name, engine = data.get("model"), data.get("engine", {})
+    if not isinstance(name, str) or not isinstance(engine, dict):
+        return  # the schema reports it
+    model = load_model(name)
+    if model.checkpoint_dtype is None:
+        return
+    engine = data.setdefault("engine", engine)
+    engine.setdefault("dtype", model.checkpoint_dtype)
+    # vLLM's kv_cache_dtype "auto" is the model's 16-bit activation dtype for a quantized
+    # checkpoint, unless the checkpoint carries an FP8 KV-cache scheme
+    engine.setdefault("kv_cache_dtype", model.checkpoint_kv_cache_dtype or "bf16")
 
 
 def _policy_keys(policy: Any) -> frozenset[str] | None:
