@@ -58,15 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", default="1", metavar="N", help="tensor-parallel degree (default 1)")
     parser.add_argument(
         "--dtype",
-        default="bf16",
+        default=None,
         metavar="DTYPE",
-        help=f"weight dtype: {', '.join(WEIGHT_DTYPES)} (default bf16)",
+        help=f"weight dtype: {', '.join(WEIGHT_DTYPES)} (default: the checkpoint's, else bf16)",
     )
     parser.add_argument(
         "--kv-dtype",
-        default="auto",
+        default=None,
         metavar="DTYPE",
-        help=f"KV-cache dtype: {', '.join(KV_DTYPES)} (default auto = weight dtype)",
+        help=(
+            f"KV-cache dtype: {', '.join(KV_DTYPES)} "
+            "(default auto = weight dtype; bf16 beside a quantized checkpoint)"
+        ),
     )
     parser.add_argument(
         "--batch",
@@ -181,8 +184,6 @@ def run(args: argparse.Namespace) -> int:
     from batchsim.cost import BatchShape, RooflineCostModel
 
     fmt = _choice("--format", args.format, FORMATS)
-    dtype = _choice("--dtype", args.dtype, WEIGHT_DTYPES)
-    kv_dtype = _choice("--kv-dtype", args.kv_dtype, KV_DTYPES)
     tp = _int("--tp", args.tp, 1)
     if (args.batch is None) == (args.tokens is None):
         raise ConfigError(
@@ -196,6 +197,11 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, key="--model")
     hardware = load_hardware(args.hardware, key="--hardware")
+    # a quantized checkpoint runs in its own precision, as in an experiment (config.resolve)
+    checkpoint = model.checkpoint_dtype
+    dtype = _choice("--dtype", args.dtype or checkpoint or "bf16", WEIGHT_DTYPES)
+    default_kv = "auto" if checkpoint is None else model.checkpoint_kv_cache_dtype or "bf16"
+    kv_dtype = _choice("--kv-dtype", args.kv_dtype or default_kv, KV_DTYPES)
     heads = model.num_attention_heads
     if heads % tp:
         allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)

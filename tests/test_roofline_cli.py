@@ -239,3 +239,16 @@ def test_table_marker_agrees_with_the_header_when_a_smaller_batch_is_compute_bou
 def run_json_args(capsys, args: list[str]) -> dict:
     assert main(["roofline", *args, "--format", "json"]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def test_a_quantized_checkpoint_is_priced_in_its_precision_unless_dtype_is_given(capsys):
+    # gpt-oss-20b is released in MXFP4 (its quantization_config): the default is nvfp4 weights
+    # beside a bf16 KV cache, and --dtype still chooses
+    args = ["roofline", "--model", "gpt-oss-20b", "--hardware", "h100-sxm", "--batch", "1,64"]
+    outputs = []
+    for extra in ([], ["--dtype", "nvfp4", "--kv-dtype", "bf16"], ["--dtype", "bf16"]):
+        assert main([*args, *extra, "--format", "json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["rows"])
+    default, explicit, bf16 = outputs
+    assert default == explicit
+    assert default[0]["bytes"] < 0.5 * bf16[0]["bytes"]  # 4.5-bit against 16-bit weights
