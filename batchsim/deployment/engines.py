@@ -67,24 +67,19 @@ def engine_parts(
             setup.num_cpu_blocks,
             watermark_blocks=watermark,
         )
-    elif setup.hybrid_kv_groups is not None:  # per layer group (vLLM's hybrid KV cache)
-        full, sliding, _ = setup.hybrid_kv_groups
+    else:
+        kv_window, full, sliding = window, 0, 1
+        if setup.hybrid_kv_groups is not None:  # per layer group (vLLM's hybrid KV cache)
+            full, sliding, _ = setup.hybrid_kv_groups
+            kv_window = setup.model.hybrid_sliding_window
         kv = KVCacheManager(
             setup.num_gpu_blocks,
             engine_cfg.block_size,
             setup.num_cpu_blocks,
-            window=setup.model.hybrid_sliding_window,
+            window=kv_window,
             watermark_blocks=watermark,
             full_groups=full,
             window_groups=sliding,
-        )
-    else:
-        kv = KVCacheManager(
-            setup.num_gpu_blocks,
-            engine_cfg.block_size,
-            setup.num_cpu_blocks,
-            window=window,
-            watermark_blocks=watermark,
         )
     max_len = engine_cfg.max_model_len or setup.model.max_position_embeddings
     spec = engine_cfg.speculative
