@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from batchsim.engine.kv_cache import UsageRamp
-from batchsim.engine.stretch import run_until
+from batchsim.engine.runs import run_until
 from batchsim.metrics.iterations import IterationLog
 
 

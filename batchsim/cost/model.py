@@ -18,6 +18,7 @@ numpy and stdlib.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -486,6 +487,12 @@ class RooflineCostModel:
         return self._combine(rest, attn, kv_read)
 
     @functools.cached_property
+    def full_layer_token_slopes(self) -> DecodeSlopes:
+        """:attr:`decode_token_slopes` of a hybrid model's full-attention layers alone (once
+        every context fills the window, the sliding layers read no more per step)."""
+        return self.attention.token_slopes(self._num_layers - self._window_layers)
+
+    @functools.cached_property
     def decode_token_slopes(self) -> DecodeSlopes:
         """How an iteration's totals grow per extra cached token a decode row reads.
 
@@ -571,13 +578,7 @@ class RooflineCostModel:
             if hi >= max_batch:
                 return None
             lo, hi = hi, min(2 * hi, max_batch)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if compute_bound(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        return lo + 1 + bisect.bisect_left(range(lo + 1, hi), True, key=compute_bound)
 
     def attention_kernel(
         self,

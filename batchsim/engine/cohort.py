@@ -17,7 +17,16 @@ Invariants of a member (checked when it joins): running, a decode (one token lef
 at least one sampled), not finished, and holding exactly the blocks of its computed tokens
 (``ceil((computed + ahead) / block_size)``; ``ahead`` is 1 between a
 :meth:`~batchsim.scheduler.Scheduler.schedule` that took the blocks of every member's next
-token and the update that computes it). Only used without a sliding window.
+token and the update that computes it).
+
+**Sliding windows.** With a window of W keys (every layer, or a hybrid model's sliding-window
+layer groups beside full-attention ones), a member has computed at least W tokens, so each of
+its reads is the whole window and its blocks are a function of its tokens t = computed +
+``ahead`` alone (:meth:`~batchsim.engine.request.Group.blocks_at`): ``groups x ceil(t / bs) -
+slide x floor((t - W) / bs)``. The next token then starts a block in every group when
+``t mod bs = 0`` and frees one in each sliding group when ``(t + 1 - W) mod bs = 0``: both are
+counts of the members by ``computed mod bs``, the second shifted by W - 1
+(:meth:`Cohort.crossing`, :meth:`Cohort.freed`, :meth:`Cohort.window_offsets`).
 
 This module imports only :mod:`batchsim.engine.request`, whose :class:`~batchsim.engine.request.
 Group` it implements.
@@ -61,14 +70,17 @@ class Cohort(Group):
         "_run_iterations",
         "_run_ticks",
         "_tickets",
+        "_window_key",
+        "_window_offsets",
         "n",
         "residues",
         "sum_base",
         "version",
     )
 
-    def __init__(self, block_size: int):
-        super().__init__(block_size)
+    def __init__(self, block_size: int, window: int = 0, groups: int = 1, slide: int = 0):
+        assert window >= 0 and (slide > 0) == (window > 0) and groups >= max(1, slide)
+        super().__init__(block_size, window, groups, slide)
         self.n = 0
         self.sum_base = 0
         self.residues = [0] * block_size
@@ -81,6 +93,8 @@ class Cohort(Group):
         self._compact_at = _COMPACT_MIN
         self._offsets: list[int] = []
         self._offsets_key = (-1, -1)
+        self._window_offsets: list[int] = []
+        self._window_key = (-1, -1)
 
     # ------------------------------------------------------------------ membership
     def can_join(self, r: Request) -> bool:
@@ -91,7 +105,8 @@ class Cohort(Group):
             and 0 < outputs < r.max_tokens
             and (r._last >= 0 or r._last == HANDED_OFF)
             and r.num_prompt_tokens + outputs - r._computed == 1
-            and r._blocks == -(-(r._computed + self.ahead) // self.block_size)
+            and r._computed >= self.window
+            and r._blocks == self.blocks_at(r._computed + self.ahead)
         )
 
     def join(self, r: Request) -> None:
@@ -124,7 +139,7 @@ class Cohort(Group):
         computed = base + steps
         r._computed = computed
         r._outputs += steps
-        r._blocks = -(-(computed + self.ahead) // self.block_size)
+        r._blocks = self.blocks_at(computed + self.ahead)
         if steps > r._joined:
             r._segments += self._history(r)
             r._last = self.last_iteration
@@ -163,8 +178,27 @@ class Cohort(Group):
         return self.sum_base + self.n * self.steps
 
     def crossing(self) -> int:
-        """Members whose next token starts a new KV block."""
-        return self.residues[-self.steps % self.block_size]
+        """Blocks the members' next tokens start: one per member (per layer group with a
+        window) whose next token starts a new KV block."""
+        if not self.window:
+            return self.residues[-self.steps % self.block_size]
+        return self.groups * self.residues[-self.steps % self.block_size]
+
+    def freed(self) -> int:
+        """Blocks the members' next tokens free (a window's sliding groups; 0 without one):
+        one per sliding group of each member whose window leaves a block behind."""
+        if not self.window:
+            return 0
+        return self.slide * self.residues[(self.window - 1 - self.steps) % self.block_size]
+
+    def growing(self) -> int:
+        """Blocks the pool must have for the members' next tokens, each member's allocation
+        net of what its own window frees (:meth:`crossing` without a window): a member frees
+        its window's oldest block on the step it starts a new one when ``(W - 1) mod bs = 0``."""
+        crossing = self.crossing()
+        if self.window and (self.window - 1) % self.block_size == 0:
+            return crossing - self.freed()
+        return crossing
 
     def offsets(self) -> list[int]:
         """``at_least[j]``: members with ``num_computed_tokens mod block_size`` >= j, for j in
@@ -172,18 +206,32 @@ class Cohort(Group):
         usage_ramp` takes)."""
         key = (self.version, self.steps)
         if self._offsets_key != key:
-            # at_least_offsets() of the residues rotated by the steps taken, in one loop
-            bs = self.block_size
-            shift = self.steps % bs
-            residues = self.residues
-            out = [0] * (bs + 1)
-            total = 0
-            for j in range(bs - 1, -1, -1):
-                total += residues[(j - shift) % bs]
-                out[j] = total
-            self._offsets = out
+            self._offsets = self._rotated(self.steps)
             self._offsets_key = key
         return self._offsets
+
+    def window_offsets(self) -> list[int] | None:
+        """With a window of W keys, :meth:`offsets` of ``num_computed_tokens - (W - 1)``:
+        when each member's window frees a block (None without a window)."""
+        if not self.window:
+            return None
+        key = (self.version, self.steps)
+        if self._window_key != key:
+            self._window_offsets = self._rotated(self.steps - self.window + 1)
+            self._window_key = key
+        return self._window_offsets
+
+    def _rotated(self, shift: int) -> list[int]:
+        """at_least_offsets() of the residues rotated by ``shift``, in one loop."""
+        bs = self.block_size
+        shift %= bs
+        residues = self.residues
+        out = [0] * (bs + 1)
+        total = 0
+        for j in range(bs - 1, -1, -1):
+            total += residues[(j - shift) % bs]
+            out[j] = total
+        return out
 
     def min_remaining(self) -> int:
         """The fewest output tokens any member has left."""

@@ -79,8 +79,9 @@ from batchsim.engine.guard import check_output
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.repeat import repeat_limit, stretches_allowed
 from batchsim.engine.request import Request
+from batchsim.engine.runs import run_row
 from batchsim.engine.speculative_drain import SpeculativeDrain
-from batchsim.engine.stretch import StretchRunner, run_row
+from batchsim.engine.stretch import StretchRunner
 from batchsim.errors import BatchsimError, Interrupted, PolicyError, describe_exception
 from batchsim.metrics.iterations import TIME_EPS, IterationLog
 from batchsim.metrics.requests import RequestLog
@@ -175,6 +176,7 @@ class Engine:
             and not self.guarded
             and declaration(policy).drains_cohort
             and scheduler._cohort is not None
+            and not scheduler._cohort.window
             and scheduler._prefix is None
             and not cost_model.ideal
             and self.slot_log is None

@@ -313,28 +313,76 @@ class KVCacheManager:
     # blocks by step k of a stretch: what a stretch needs depends only on how many requests
     # there are at each offset c mod bs, given as ``at_least[j]``, the requests at offset j
     # or more (bs + 1 entries: at_least[0] counts them all, at_least[bs] is 0).
-    def usage_ramp(self, at_least: list[int]) -> UsageRamp:
-        """The usage during a stretch (no window) of requests counted by offset, from now (the
-        first iteration's blocks taken), unexpanded."""
-        return UsageRamp(self.num_blocks - self.num_free_blocks, at_least, self.num_blocks)
+    #
+    # With a window of W keys and requests that have computed at least W tokens (a cohort's
+    # members), a request's blocks are ``groups x ceil(t / bs) - slide x floor((t - W) / bs)``
+    # for its t tokens (:meth:`~batchsim.engine.request.Group.blocks_at`): the second term
+    # grows as the first does, for the requests counted by the offset of ``c - (W - 1)``
+    # (``window_at_least``), so the same counts give the growth, less what the window frees.
+    def usage_ramp(
+        self, at_least: list[int], window_at_least: list[int] | None = None
+    ) -> UsageRamp:
+        """The usage during a stretch of requests counted by offset, from now (the first
+        iteration's blocks taken), unexpanded; ``window_at_least`` as in
+        :meth:`growth_from_offsets`."""
+        used = self.num_blocks - self.num_free_blocks
+        if window_at_least is None:
+            return UsageRamp(used, at_least, self.num_blocks)
+        groups, slide = self.full_groups + self.window_groups, self.window_groups
+        return UsageRamp(used, at_least, self.num_blocks, groups, slide, window_at_least)
 
-    def growth_from_offsets(self, at_least: list[int], num_steps: int) -> int:
-        """Blocks that requests counted by offset (no window) take over a stretch of
-        ``num_steps`` decode iterations, beyond the first one's (see :meth:`grow`)."""
+    def growth_from_offsets(
+        self, at_least: list[int], num_steps: int, window_at_least: list[int] | None = None
+    ) -> int:
+        """Blocks that requests counted by offset take over a stretch of ``num_steps`` decode
+        iterations, beyond the first one's (see :meth:`grow`); with a window,
+        ``window_at_least`` counts them by the offset of ``num_computed_tokens - (W - 1)`` (each
+        has computed at least W tokens) and the blocks the window frees are taken off."""
         bs = self.block_size
         j = num_steps - 1
-        return at_least[0] * (j // bs) + at_least[bs - j % bs]
+        grown = at_least[0] * (j // bs) + at_least[bs - j % bs]
+        if window_at_least is None:
+            return grown
+        freed = window_at_least[0] * (j // bs) + window_at_least[bs - j % bs]
+        return (self.full_groups + self.window_groups) * grown - self.window_groups * freed
 
-    def max_growth_from_offsets(self, at_least: list[int], limit: int) -> int:
-        """:meth:`max_growth_steps` (no window) of requests counted by offset."""
+    def max_growth_from_offsets(
+        self, at_least: list[int], limit: int, window_at_least: list[int] | None = None
+    ) -> int:
+        """:meth:`max_growth_steps` of requests counted by offset (``window_at_least`` as in
+        :meth:`growth_from_offsets`). With a window, step k's new blocks are counted before
+        the blocks it frees (a request allocates before the next one frees): the most the
+        pool holds during step k is ``groups x grown(k) - slide x freed(k - 1)`` (``freed(k)``
+        when each request's new block and freed one come on the same step)."""
         bs = self.block_size
         free = self.num_free_blocks - self.num_idle_blocks  # a stretch never evicts
         n = at_least[0]
+        if window_at_least is None:
 
-        def need(k: int) -> int:
-            return n * ((k - 1) // bs) + at_least[bs - (k - 1) % bs]
+            def need(k: int) -> int:
+                return n * ((k - 1) // bs) + at_least[bs - (k - 1) % bs]
 
-        return most_steps_that_fit(need, limit, free)
+            return most_steps_that_fit(need, limit, free)
+        groups, slide = self.full_groups + self.window_groups, self.window_groups
+        # step k in 2..bs+1 holds peak[k]; step k + m x bs holds m x full x n more
+        # (a request frees its window's oldest block on the step it starts a new one when
+        # W - 1 is a multiple of bs: its allocation is net of it)
+        late = 0 if self.window is not None and (self.window - 1) % bs == 0 else 1
+        first_over = limit + 1
+        rise = self.full_groups * n
+        for k in range(2, min(limit, bs + 1) + 1):
+            j = k - 1
+            grown = n * (j // bs) + at_least[bs - j % bs]
+            i = j - late
+            freed = n * (i // bs) + window_at_least[bs - i % bs]
+            peak = groups * grown - slide * freed
+            if peak > free:
+                first_over = min(first_over, k)
+                break  # (a later k of the first period is a later violation)
+            if rise:
+                over = k + ((free - peak) // rise + 1) * bs  # its first step above free
+                first_over = min(first_over, over)
+        return max(1, min(limit, first_over - 1))
 
     # -------------------------------------------------------------- swapping
     def can_swap_out(self, request: Request) -> bool:
@@ -375,21 +423,29 @@ class KVCacheManager:
 
 
 class UsageRamp(NamedTuple):
-    """KV-cache usage over a decode stretch without a window, unexpanded: at its step k
-    (0-based) the pool holds ``used`` blocks and those the requests counted by offset
-    (``at_least``, see :meth:`KVCacheManager.usage_ramp`) took since, ``n x (k // bs) +
-    at_least[bs - k % bs]`` (n = ``at_least[0]``); usage is that over ``total``. Expanded in
+    """KV-cache usage over a decode stretch of requests counted by offset, unexpanded: at its
+    step k (0-based) the pool holds ``used`` blocks and those the requests (n =
+    ``at_least[0]``) took since, ``grown(k) = n x (k // bs) + at_least[bs - k % bs]``, or with a
+    window ``groups x grown(k)`` less ``slide x`` the same count of ``window_at_least`` (see
+    :meth:`KVCacheManager.growth_from_offsets`); usage is that over ``total``. Expanded in
     bulk by :func:`expand_usage_ramps` when the log stores it."""
 
     used: int
     at_least: list[int]
     total: int
+    groups: int = 1
+    slide: int = 0
+    window_at_least: list[int] | None = None
 
     def at(self, step: int) -> float:
         """The usage at step ``step`` (0-based), as :func:`expand_usage_ramps` computes it."""
         bs = len(self.at_least) - 1
         q, j = divmod(step, bs)
-        return (self.used + self.at_least[0] * q + self.at_least[bs - j]) / self.total
+        held = self.at_least[0] * q + self.at_least[bs - j]
+        if self.window_at_least is None:
+            return (self.used + held) / self.total
+        freed = self.window_at_least[0] * q + self.window_at_least[bs - j]
+        return (self.used + self.groups * held - self.slide * freed) / self.total
 
 
 def expand_usage_ramps(ramps: Sequence[UsageRamp], steps: Sequence[int]) -> np.ndarray:
@@ -406,8 +462,17 @@ def expand_usage_ramps(ramps: Sequence[UsageRamp], steps: Sequence[int]) -> np.n
     q, j = np.divmod(k, bs)
     used = np.array([r.used for r in ramps], dtype=np.int64)[which]
     total = np.array([r.total for r in ramps], dtype=np.int64)[which]
-    blocks = used + table[which, 0] * q + table[which, bs - j]
-    return blocks / total
+    held = table[which, 0] * q + table[which, bs - j]
+    if all(r.window_at_least is None for r in ramps):
+        return (used + held) / total
+    windows = np.array(
+        [r.at_least if r.window_at_least is None else r.window_at_least for r in ramps],
+        dtype=np.int64,
+    )
+    groups = np.array([r.groups for r in ramps], dtype=np.int64)[which]
+    slide = np.array([r.slide for r in ramps], dtype=np.int64)[which]
+    freed = windows[which, 0] * q + windows[which, bs - j]
+    return (used + groups * held - slide * freed) / total
 
 
 def at_least_offsets(counts: list[int]) -> list[int]:

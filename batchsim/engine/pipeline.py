@@ -67,7 +67,7 @@ from batchsim.engine.cohort import Cohort
 from batchsim.engine.engine import Engine
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.request import Request
-from batchsim.engine.stretch import run_row
+from batchsim.engine.runs import run_row
 from batchsim.errors import ConfigError
 from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.interface import Scheduler
@@ -120,7 +120,10 @@ class PipelineEngine(Engine):
         # while that engine schedules or applies a batch (None in between).
         shared = scheduler._cohort
         self._cohorts: list[Cohort | None] = [
-            None if shared is None else Cohort(shared.block_size) for _ in range(self.num_stages)
+            None
+            if shared is None
+            else Cohort(shared.block_size, shared.window, shared.groups, shared.slide)
+            for _ in range(self.num_stages)
         ]
         scheduler._cohort = None
         self._quick = (
@@ -129,6 +132,7 @@ class PipelineEngine(Engine):
             and not self.guarded
             and declaration(type(scheduler)).drains_cohort
             and scheduler._prefix is None
+            and scheduler.kv_cache.window is None
         )
         """Build a virtual engine's cohort-alone batch without the scheduler when that is all
         its ``schedule()`` could return (see the module docstring)."""

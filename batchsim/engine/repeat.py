@@ -72,7 +72,20 @@ def repeat_limit(scheduler: Scheduler, output: SchedulerOutput) -> int:
     requests = output.requests
     batch = scheduler.cohort_batch(output)
     if batch is not None and batch.pure:  # the cohort alone: no look at each request
-        return cohort_repeat(kv, batch.cohort, policy_max_repeat(scheduler, output))
+        most = policy_max_repeat(scheduler, output)
+        steps = cohort_repeat(kv, batch.cohort, most)
+        if batch.cohort.window and steps > 1 and (scheduler.waiting or scheduler.swapped):
+            steps = min(steps, _steps_before_freeing(kv, batch.cohort, steps))
+        return steps
+    if (
+        batch is not None
+        and batch.cohort.window
+        and any(r._computed >= batch.cohort.window for _, r, _ in batch.loose)
+    ):
+        # A decode past the window that is not a member holds blocks its first step frees
+        # (a prompt's, before the window slid); it joins at the next schedule(), and the
+        # stretch of the cohort alone is priced in runs: one step first.
+        return 1
     if batch is None and (scheduler._cohort is None or not scheduler._cohort.n):
         steps = min(r.max_tokens - r._outputs for r in requests)  # none is in a cohort
     else:
@@ -119,9 +132,23 @@ def cohort_repeat(kv: KVCacheManager, cohort: Cohort, most: int) -> int:
     if steps <= 1:
         return max(1, steps)
     empty = kv.num_free_blocks - kv.num_idle_blocks  # a stretch never evicts
-    if cohort.n * ((steps - 1) // kv.block_size + 1) <= empty:
-        return steps  # room for a new block per member at every block boundary
-    return max(1, kv.max_growth_from_offsets(cohort.offsets(), steps))
+    if cohort.groups * cohort.n * ((steps - 1) // kv.block_size + 1) <= empty:
+        return steps  # room for a new block per member (and group) at every block boundary
+    return max(1, kv.max_growth_from_offsets(cohort.offsets(), steps, cohort.window_offsets()))
+
+
+def _steps_before_freeing(kv: KVCacheManager, cohort: Cohort, most: int) -> int:
+    """With a window and a request waiting (or swapped out): the steps of a stretch of the
+    cohort alone before the pool holds fewer blocks than at its first (the policy might then
+    admit or resume it), as :func:`repeat_limit` cuts a stretch of any requests. The blocks
+    held beyond the first step's repeat with the block size, growing by the full-attention
+    groups' share, so the first period says it."""
+    at_least, freed = cohort.offsets(), cohort.window_offsets()
+    assert freed is not None
+    for k in range(2, min(most, kv.block_size + 1) + 1):
+        if kv.growth_from_offsets(at_least, k, freed) < 0:
+            return k - 1
+    return most
 
 
 def prompt_chunks_allowed(policy: type[Scheduler]) -> bool:

@@ -84,13 +84,31 @@ class Group:
         last_iteration: The iteration of the group's latest step (-1: none).
     """
 
-    __slots__ = ("ahead", "block_size", "last_iteration", "steps")
+    __slots__ = ("ahead", "block_size", "groups", "last_iteration", "slide", "steps", "window")
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, window: int = 0, groups: int = 1, slide: int = 0):
         self.block_size = block_size
         self.steps = 0
         self.ahead = 0
         self.last_iteration = -1
+        self.window = window
+        """With a sliding window (0: none), its length in keys: every member has computed at
+        least that many tokens."""
+        self.groups = groups
+        """Layer groups each block of the pool belongs to one of (1 without a window)."""
+        self.slide = slide
+        """Of those, the groups that keep only the window (0 without one)."""
+
+    def blocks_at(self, tokens: int) -> int:
+        """Blocks a member holds with ``tokens`` tokens computed or reserved (its computed
+        tokens plus ``ahead``): one per ``block_size`` tokens, or with a window of W keys that
+        in each of the ``groups`` layer groups, less in each sliding one the
+        ``(tokens - W) // block_size`` blocks wholly before the window
+        (:meth:`~batchsim.engine.kv_cache.KVCacheManager.blocks_held`, for tokens >= W)."""
+        bs = self.block_size
+        if not self.window:
+            return -(-tokens // bs)
+        return self.groups * -(-tokens // bs) - self.slide * ((tokens - self.window) // bs)
 
     def detach(self, r: Request) -> None:
         """Take member ``r`` out: its progress, blocks and token runs become its own again."""
@@ -252,7 +270,7 @@ class Request:
         group = self._group
         if group is None:
             return self._blocks
-        return -(-(self._computed + group.steps + group.ahead) // group.block_size)
+        return group.blocks_at(self._computed + group.steps + group.ahead)
 
     @num_blocks.setter
     def num_blocks(self, value: int) -> None:

@@ -44,7 +44,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from batchsim.cost import BatchShape, IterationCost, RooflineCostModel
-from batchsim.cost.costs import StepCost
 from batchsim.cost.model import as_int
 from batchsim.cost.shapes import cuda_graph_padded
 from batchsim.engine.cohort import Cohort
@@ -52,6 +51,7 @@ from batchsim.engine.kv_cache import KVCacheManager, UsageRamp, expand_usage_ram
 from batchsim.engine.options import EngineOptions
 from batchsim.engine.repeat import cohort_repeat
 from batchsim.engine.request import Request
+from batchsim.engine.runs import NO_DELTAS, run_row, run_until
 from batchsim.scheduler.cohorts import prompt_chunk_of
 from batchsim.scheduler.interface import Scheduler
 from batchsim.scheduler.output import SchedulerOutput, StepTimes
@@ -175,7 +175,15 @@ class StretchRunner:
         window = engine.scheduler.window
         if window is None:  # a hybrid model's sliding-window layers' (runs need no window cut)
             window = engine.kv_cache.hybrid_window
-        if self.cost_model.ideal or (
+        if self.cost_model.ideal:
+            self.num_stepwise_stretches += 1
+            done, end = self._run_arrays(output, now, num_steps, event)
+        elif window is not None and _past_window(engine.scheduler, output):
+            # every member reads its whole window: each step costs the same (a window on
+            # every layer), or grows in the full-attention layers alone (a hybrid model)
+            mode = _CONSTANT if engine.scheduler.window is not None else _FULL_LAYERS_GROW
+            done, end = self._run_runs(output, now, num_steps, event, mode)
+        elif (
             window is not None
             and max(max(output.context_tokens), output.padding_context) + num_steps >= window
         ):
@@ -186,40 +194,55 @@ class StretchRunner:
         return StepTimes(first, now, end, done)
 
     def _run_runs(
-        self, output: SchedulerOutput, now: float, num_steps: int, event: float
+        self, output: SchedulerOutput, now: float, num_steps: int, event: float, mode: int = 0
     ) -> tuple[int, float]:
-        """Steps priced as runs of equal time (contexts that no window caps)."""
+        """Steps priced as runs of equal time (contexts that no window caps, or that all
+        fill it: ``mode``, see :meth:`_price_runs`)."""
         engine = self.engine
         cpu = engine.cpu_time(len(output.requests))
         runs, done, end = self._price_runs(
-            output.shape, cpu, engine.batch_row(output, cpu), now, num_steps, event
+            output.shape, cpu, engine.batch_row(output, cpu), now, num_steps, event, mode
         )
         self.log.add_runs(runs, self._usage(output, done))
         return done, end
 
     def _price_runs(
-        self, shape: BatchShape, cpu: float, batch: tuple, now: float, num_steps: int, event: float
+        self,
+        shape: BatchShape,
+        cpu: float,
+        batch: tuple,
+        now: float,
+        num_steps: int,
+        event: float,
+        mode: int = 0,
     ) -> tuple[list[tuple], int, float]:
         """The runs of up to ``num_steps`` decode iterations of ``shape`` from ``now``, cut at
-        the first that ends at or after ``event``: (runs, iterations, end)."""
+        the first that ends at or after ``event``: (runs, iterations, end). ``mode``: each
+        step reads one more cached token per decode (0), reads the same (``_CONSTANT``: every
+        context fills a window on every layer), or one more in a hybrid model's
+        full-attention layers alone (``_FULL_LAYERS_GROW``)."""
         rows = shape.num_decode_tokens + shape.num_padding_seqs
         engine = self.engine
         overlap = engine.options.async_scheduling
         back_to_back = engine.back_to_back(now)
-        deltas = self._deltas.get(rows)
+        deltas = self._deltas.get(rows) if mode == 0 else self._mode_deltas(rows, mode)
         if deltas is None:
             deltas = self._deltas[rows] = tuple(rows * slope for slope in self._slopes)
         price = self.cost_model.decode_run_step
+        window_read = shape.window_kv_read_tokens if mode == _FULL_LAYERS_GROW else None
         runs: list[tuple] = []
         start = now
         done = 0
         while done < num_steps:
-            at = (
-                shape
-                if done == 0
-                else shape.with_decode_context(shape.kv_read_tokens + rows * done)
-            )
-            cost, same = price(at)
+            if mode == _CONSTANT:
+                cost, same = self.cost_model.step_cost(shape), num_steps
+            else:
+                at = (
+                    shape
+                    if done == 0
+                    else shape.with_decode_context(shape.kv_read_tokens + rows * done, window_read)
+                )
+                cost, same = price(at)
             gpu = cost.time
             if overlap and (done or back_to_back):  # the CPU work hides behind the GPU
                 duration = cpu if cpu > gpu else gpu
@@ -238,6 +261,18 @@ class StretchRunner:
             if cut:
                 break
         return runs, done, start
+
+    def _mode_deltas(self, rows: int, mode: int) -> tuple[float, float, float, float]:
+        """Per-step growth of a run's totals for ``mode`` (see :meth:`_price_runs`)."""
+        if mode == _CONSTANT:
+            return NO_DELTAS
+        slopes = self.cost_model.full_layer_token_slopes
+        return (
+            rows * slopes.flops,
+            rows * slopes.bytes,
+            rows * slopes.kv_bytes,
+            rows * (slopes.compute_time - slopes.memory_time),
+        )
 
     def drain(self, now: float, event: float, cross: bool = True) -> float:
         """Run the whole cohort on from ``now``, stretch after stretch, while the next
@@ -287,11 +322,11 @@ class StretchRunner:
                 own = min(engine.next_arrival_time(), engine.next_other_event_time(now))
                 runs, done, end = self._price_runs(shape, cpu, row, now, steps, own)
             if end >= event and not cross:
-                self.log.add_runs(runs, kv.usage_ramp(cohort.offsets()))
+                self.log.add_runs(runs, kv.usage_ramp(cohort.offsets(), cohort.window_offsets()))
                 self.num_stretches += 1
                 self.planned = (StepTimes(first, now, end, done), cohort, running)
                 return now
-            log.add_runs(runs, kv.usage_ramp(cohort.offsets()), done)
+            log.add_runs(runs, kv.usage_ramp(cohort.offsets(), cohort.window_offsets()), done)
             finished = scheduler._advance_cohort(cohort, first, done, end, running)
             first += done
             engine.last_end = now = end
@@ -418,7 +453,8 @@ class StretchRunner:
             return scheduler.kv_cache.usage
         batch = scheduler.cohort_batch(output)
         if batch is not None and batch.pure:
-            return scheduler.kv_cache.usage_ramp(batch.cohort.offsets())
+            cohort = batch.cohort
+            return scheduler.kv_cache.usage_ramp(cohort.offsets(), cohort.window_offsets())
         return scheduler.kv_cache.usage_during_growth(output.requests, num_steps)
 
     def _run_arrays(
@@ -446,7 +482,7 @@ class StretchRunner:
             pieces.append((starts, cost, durations, keep))
             done += keep
             start = float(ends[keep - 1])
-            if keep < size:
+            if start >= event or keep < size:  # (cut at the chunk's last step too)
                 break
             chunk *= 4
         batch = engine.batch_row(output, cpu)
@@ -491,18 +527,25 @@ class StretchRunner:
         window, hybrid = engine.scheduler.window, engine.kv_cache.hybrid_window
         steps = np.arange(first, first + size)
         window_read = None
-        if window is not None or hybrid is not None:
-            contexts = np.array(output.context_tokens, dtype=np.int64)
-            if shape.num_padding_seqs:
-                padding = np.full(int(shape.num_padding_seqs), output.padding_context)
-                contexts = np.concatenate((contexts, padding))
-            grown = contexts[None, :] + steps[:, None]
-            if hybrid is not None:  # a hybrid model's sliding-window layers
-                window_read = np.minimum(grown, hybrid - 1).sum(axis=1)
-        if window is not None:
-            kv_read = np.minimum(grown, window - 1).sum(axis=1)
+        if _past_window(engine.scheduler, output):  # the cohort alone, every member past W
+            if window is not None:  # each reads W - 1 cached keys at every step
+                kv_read = np.full(size, shape.kv_read_tokens, dtype=np.int64)
+            else:  # the full-attention layers' reads grow, the sliding ones' stay
+                kv_read = shape.kv_read_tokens + steps * shape.num_decode_rows
+                window_read = np.full(size, shape.window_kv_read_tokens, dtype=np.int64)
         else:
-            kv_read = shape.kv_read_tokens + steps * shape.num_decode_rows
+            if window is not None or hybrid is not None:
+                contexts = np.array(output.context_tokens, dtype=np.int64)
+                if shape.num_padding_seqs:
+                    padding = np.full(int(shape.num_padding_seqs), output.padding_context)
+                    contexts = np.concatenate((contexts, padding))
+                grown = contexts[None, :] + steps[:, None]
+                if hybrid is not None:  # a hybrid model's sliding-window layers
+                    window_read = np.minimum(grown, hybrid - 1).sum(axis=1)
+            if window is not None:
+                kv_read = np.minimum(grown, window - 1).sum(axis=1)
+            else:
+                kv_read = shape.kv_read_tokens + steps * shape.num_decode_rows
         cost = self.cost_model.estimate_decode_stretch(shape, kv_read, window_read)
         gpu = cost.time
         if not isinstance(gpu, np.ndarray) or gpu.shape != (size,):
@@ -516,48 +559,14 @@ class StretchRunner:
         return cost, durations
 
 
-_NO_DELTAS = (0.0, 0.0, 0.0, 0.0)
+def _past_window(scheduler: Scheduler, output: SchedulerOutput) -> bool:
+    """``output`` is a windowed cohort alone: every member has computed its window (so each
+    reads the whole of it at every step)."""
+    batch = scheduler.cohort_batch(output)
+    return batch is not None and batch.pure and batch.cohort.window > 0
 
 
-def run_row(
-    start: float,
-    steps: int,
-    duration: float,
-    cost: StepCost,
-    batch: tuple,
-    deltas: tuple[float, float, float, float] = _NO_DELTAS,
-) -> tuple:
-    """A row of :data:`~batchsim.metrics.iterations.RUN_COLUMNS` + ``BATCH_COLUMNS``: ``steps``
-    iterations of ``duration`` from ``start``, the first costing ``cost``, each next one
-    adding ``deltas`` (FLOPs, bytes, KV bytes, bound margin)."""
-    time, flops, nbytes, weight_bytes, kv_bytes, margin = cost
-    return (
-        start,
-        steps,
-        duration,
-        time * 1e3,
-        flops,
-        nbytes,
-        weight_bytes,
-        kv_bytes,
-        margin,
-        *deltas,
-        *batch,
-    )
-
-
-def run_until(start: float, duration: float, event: float, most: int) -> tuple[int, float]:
-    """Walk a run of up to ``most`` back-to-back iterations of ``duration`` from ``start`` to
-    the first that ends at or after ``event``: (its step j in 1..most, its end), or (``most``,
-    the run's end) if none does. Each end is the previous one plus the duration, as the
-    engine's clock advances stepping one iteration at a time (``start + duration x j`` may
-    differ from that in the last bits, and two events meant for one instant must be one
-    float on either path). A run of equal iterations is at most a KV block of the attention
-    kernel long, so this costs an addition per iteration."""
-    end, j = start, 0
-    while j < most:
-        end += duration
-        j += 1
-        if end >= event:
-            break
-    return j, end
+_CONSTANT = 1
+"""A run mode of :meth:`StretchRunner._price_runs`: every step the same shape."""
+_FULL_LAYERS_GROW = 2
+"""A run mode: only a hybrid model's full-attention layers read more at each step."""

@@ -22,7 +22,7 @@ def advanced(start: np.ndarray, duration: np.ndarray, k: np.ndarray) -> np.ndarr
     """``start[i]`` with ``duration[i]`` added ``k[i]`` times, one addition after another:
     when iteration k of a run of back-to-back iterations of ``duration`` from ``start``
     starts, as the engine's clock reaches it stepping one iteration at a time (see
-    :func:`~batchsim.engine.stretch.run_until`; ``start + duration x k`` may differ from it in
+    :func:`~batchsim.engine.runs.run_until`; ``start + duration x k`` may differ from it in
     the last bits). Costs the sum of ``k`` additions, in numpy, one pass per step."""
     out = np.array(start, dtype=np.float64)
     top = int(k.max()) if len(k) else 0

@@ -28,6 +28,7 @@ from batchsim.scheduler.config import SchedulerConfig
 from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
 from batchsim.scheduler.toolkit import SchedulerToolkit
+from batchsim.scheduler.windowed import windowed_output, windowed_shape
 
 _new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
 
@@ -54,13 +55,14 @@ class CohortScheduling(SchedulerToolkit):
             and policy.make_output is SchedulerToolkit.make_output
         )
         """The helpers are the toolkit's (a subclass that overrides one has it called)."""
-        if (
-            window is None
-            and kv_cache.window is None
-            and not self.reserves_full_sequence
-            and self._own_helpers
-        ):
-            self._cohort = Cohort(kv_cache.block_size)
+        if not self.reserves_full_sequence and self._own_helpers:
+            if kv_cache.window is None:
+                self._cohort = Cohort(kv_cache.block_size)
+            else:  # every layer's window (window) or a hybrid model's sliding groups'
+                assert window is None or window == kv_cache.window
+                slide = kv_cache.window_groups
+                groups = kv_cache.full_groups + slide
+                self._cohort = Cohort(kv_cache.block_size, kv_cache.window, groups, slide)
 
     def update_from_output(self, output: SchedulerOutput, times: StepTimes) -> list[Request]:
         """Apply ``output``'s iterations (``times.num_steps`` of them, more than one only for
@@ -156,8 +158,8 @@ class CohortScheduling(SchedulerToolkit):
         is swapped out or runs unscheduled, so that its leftover budget has no taker), the first
         member's last token, or KV blocks running short (which would preempt)."""
         batch = self.cohort_batch(output)
-        if batch is None or output.has_side_work:
-            return 1
+        if batch is None or output.has_side_work or batch.cohort.window:
+            return 1  # (a window's chunks are stepped)
         chunk = prompt_chunk_of(output, batch)
         if chunk is None:
             return 1
@@ -222,9 +224,10 @@ class CohortScheduling(SchedulerToolkit):
         if cohort is not None and cohort.n == n and 0 < n <= token_budget:
             # every running request is a member (most iterations): one token each
             kv = self.kv_cache
-            need = 0 if cohort.ahead else cohort.crossing()
+            need = 0 if cohort.ahead else cohort.growing()
             if need <= kv.num_free_blocks:
-                kv.num_free_blocks -= need
+                if not cohort.ahead:
+                    kv.num_free_blocks -= cohort.crossing() - cohort.freed()
                 cohort.ahead = 1
                 batch = CohortBatch(cohort, cohort.version, n, [], n)
                 if self._lends:
@@ -283,11 +286,12 @@ class CohortScheduling(SchedulerToolkit):
         waits = self._head_may_join()
         if waits and self.admits_before_running and self.admits_head(n):
             return None
-        need = 0 if cohort.ahead else cohort.crossing()
+        need = 0 if cohort.ahead else cohort.growing()
         kv = self.kv_cache
         if need > kv.num_free_blocks:
             return None  # schedule_running() would preempt
-        kv.num_free_blocks -= need
+        if not cohort.ahead:
+            kv.num_free_blocks -= cohort.crossing() - cohort.freed()
         cohort.ahead = 1
         if waits and not self.admits_before_running and self.admits_head(n):
             return None
@@ -303,8 +307,10 @@ class CohortScheduling(SchedulerToolkit):
         would preempt or leave a member out."""
         kv = self.kv_cache
         bs = kv.block_size
+        window = cohort.window
         n = len(self.running)
-        need = 0 if cohort.ahead else cohort.crossing()
+        grow = 0 if cohort.ahead else cohort.growing()
+        need = grow
         left = token_budget
         chunks: list[tuple[int, Request, int]] = []
         cut = n
@@ -322,7 +328,10 @@ class CohortScheduling(SchedulerToolkit):
             q = request.num_prompt_tokens + request._outputs - computed
             if q > left:
                 q = left
-            extra = -(-(computed + q) // bs) - request._blocks
+            if window:
+                extra = kv.blocks_held(computed, computed + q) - request._blocks
+            else:
+                extra = -(-(computed + q) // bs) - request._blocks
             if extra > 0:
                 need += extra
             chunks.append((i, request, q))
@@ -340,13 +349,14 @@ class CohortScheduling(SchedulerToolkit):
             return None  # a member after the cut would not run
         if need > kv.num_free_blocks:
             return None  # schedule_running() would preempt
+        kv.num_free_blocks -= grow  # (the members first: what else they free counts after)
         for _, request, q in chunks:
             total = request._computed + q
-            if -(-total // bs) > request._blocks:
+            if window or -(-total // bs) > request._blocks:  # (a window may free blocks)
                 allocated = kv.allocate(request, total)
                 assert allocated, "the blocks were counted above"
         if not cohort.ahead:
-            kv.num_free_blocks -= cohort.crossing()
+            kv.num_free_blocks += grow - cohort.crossing() + cohort.freed()
             cohort.ahead = 1
         return cut, chunks, left
 
@@ -366,12 +376,16 @@ class CohortScheduling(SchedulerToolkit):
             others = list(zip(range(len(requests)), requests, tokens))
         elif not batch.loose and len(requests) == batch.tail:  # the cohort alone
             members = batch.members
-            kv_read = batch.cohort.context_tokens()
-            shape = _new_shape(
-                BatchShape,
-                (members, 0, members, 0, members, kv_read, kv_read + members, 0, 0, None, None),
-            )
+            cohort = batch.cohort
+            kv_read = cohort.context_tokens()
             batch.requests, batch.size = requests, members
+            if cohort.window:  # every member reads its whole window
+                shape = windowed_shape(members, kv_read, self.window, self.kv_cache.hybrid_window)
+            else:
+                shape = _new_shape(
+                    BatchShape,
+                    (members, 0, members, 0, members, kv_read, kv_read + members, 0, 0, None, None),
+                )
             return SchedulerOutput(
                 requests, tokens, shape, 0, members, members, members, preempted, batch=batch
             )
@@ -383,6 +397,12 @@ class CohortScheduling(SchedulerToolkit):
                 others = others + [
                     (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
                 ]
+        if self.kv_cache.window is not None:
+            assert batch is not None  # (any requests with a window: make_output above)
+            hybrid = self.kv_cache.hybrid_window
+            return windowed_output(
+                requests, tokens, preempted, batch, others, members, self.window, hybrid
+            )
         decodes = num_decode = sampled = members
         pairs = kv_read + members
         prefill = 0
@@ -433,7 +453,9 @@ class CohortScheduling(SchedulerToolkit):
         if not others:
             return self._advance_cohort(cohort, first, num_steps, end, requests)
         if num_steps > 1:
-            kv.num_free_blocks -= kv.growth_from_offsets(cohort.offsets(), num_steps)
+            kv.num_free_blocks -= kv.growth_from_offsets(
+                cohort.offsets(), num_steps, cohort.window_offsets()
+            )
         cohort.tick(first, num_steps)
         done: list[tuple[int, Request]] = []
         if others and num_steps == 1:
@@ -495,7 +517,9 @@ class CohortScheduling(SchedulerToolkit):
         ``end`` (returned in ``requests`` order)."""
         if num_steps > 1:
             kv = self.kv_cache
-            kv.num_free_blocks -= kv.growth_from_offsets(cohort.offsets(), num_steps)
+            kv.num_free_blocks -= kv.growth_from_offsets(
+                cohort.offsets(), num_steps, cohort.window_offsets()
+            )
         cohort.tick(first, num_steps)
         done = self._finished_members(cohort, requests)
         if not done:

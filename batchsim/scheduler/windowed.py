@@ -1,0 +1,109 @@
+"""The iteration of a cohort of decodes that have each computed their sliding window (on
+every layer, or in a hybrid model's sliding-window layers), with the requests scheduled
+around it: its :class:`~batchsim.cost.BatchShape` counted as
+:meth:`~batchsim.cost.BatchShape.from_requests` counts it, in work independent of the
+cohort's size (:class:`~batchsim.scheduler.cohorts.CohortScheduling` builds it)."""
+
+from __future__ import annotations
+
+from batchsim.cost import BatchShape
+from batchsim.cost.shapes import cached_keys, window_pairs
+from batchsim.engine.request import Request
+from batchsim.scheduler.output import CohortBatch, SchedulerOutput
+
+_new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
+
+
+def windowed_shape(
+    members: int, kv_read: int, window: int | None, hybrid: int | None
+) -> BatchShape:
+    """The shape of the cohort alone: each member reads the W - 1 cached keys of its window
+    and computes W pairs (with a ``hybrid`` model's window, in its sliding layers only; its
+    full-attention layers read the ``kv_read`` cached tokens). ``window``: every layer's."""
+    if window is not None:
+        read = members * (window - 1)
+        fields: tuple = (members, 0, members, 0, members, read, read + members, 0, 0, None, None)
+        return _new_shape(BatchShape, fields)
+    assert hybrid is not None
+    read = members * (hybrid - 1)
+    fields = (
+        members,
+        0,
+        members,
+        0,
+        members,
+        kv_read,
+        kv_read + members,
+        0,
+        0,
+        read,
+        read + members,
+    )
+    return _new_shape(BatchShape, fields)
+
+
+def windowed_output(
+    requests: list[Request],
+    tokens: list[int],
+    preempted: list[Request],
+    batch: CohortBatch,
+    others: list[tuple[int, Request, int]],
+    members: int,
+    window: int | None,
+    hybrid: int | None,
+) -> SchedulerOutput:
+    """The iteration of ``batch``'s cohort (``members``, each past its window) and
+    ``others`` (position, request, tokens), ``requests`` in all."""
+    decodes = num_decode = sampled = members
+    prefill = 0
+    base = windowed_shape(members, batch.cohort.context_tokens(), window, hybrid)
+    kv_read, pairs = base.kv_read_tokens, base.attn_pairs
+    window_read = base.window_kv_read_tokens or 0
+    window_pairs_sum = base.window_attn_pairs or 0
+    for _, request, q in others:
+        computed = request.num_computed_tokens
+        outputs = request.num_output_tokens
+        left = request.num_prompt_tokens + outputs - computed
+        if left == 1 and outputs > 0:
+            decodes += q
+            num_decode += 1
+        else:
+            prefill += q
+        sampled += q == left
+        cached = cached_keys(computed, window)
+        kv_read += cached
+        pairs += window_pairs(q, cached, window)
+        if hybrid is not None:
+            cached = cached_keys(computed, hybrid)
+            window_read += cached
+            window_pairs_sum += window_pairs(q, cached, hybrid)
+    n = len(requests)
+    if hybrid is None:
+        fields: tuple = (n, prefill, decodes, 0, sampled, kv_read, pairs, 0, 0, None, None)
+    else:
+        fields = (
+            n,
+            prefill,
+            decodes,
+            0,
+            sampled,
+            kv_read,
+            pairs,
+            0,
+            0,
+            window_read,
+            window_pairs_sum,
+        )
+    shape = _new_shape(BatchShape, fields)
+    batch.requests, batch.size = requests, n
+    return SchedulerOutput(
+        requests,
+        tokens,
+        shape,
+        num_prefill_seqs=n - num_decode,
+        num_decode_seqs=num_decode,
+        num_slots=n,
+        num_output_tokens=sampled,
+        preempted=preempted,
+        batch=batch,
+    )
