@@ -83,6 +83,10 @@ class SpeculativeDrain:
         swap_ms = 0 * options.swap_time_per_block * 1e3
         on_step = engine.on_step
         rows = _Rows(log, swap_ms)
+        streams = speculator.streams_of
+        cpu_base = options.cpu_overhead_base
+        cpu_per_seq = options.cpu_overhead_per_seq
+        tokens: list[int] = []
         while now < event:
             if scheduler.waiting or scheduler.swapped or scheduler.transferred:
                 break
@@ -90,9 +94,11 @@ class SpeculativeDrain:
             n = len(running)
             if not n:
                 break
-            # schedule(): every running request a decode verifying 1 + k' rows, in order
-            tokens: list[int] = []
+            # schedule(): every running request a decode verifying 1 + k' rows, in order,
+            # and the iteration's shape, in one pass (nothing changes unless all fit)
+            tokens.clear()
             total = need = 0
+            verify = num_verifying = plain = most = kv_read = pairs = 0
             for request in running:
                 computed, outputs = request._computed, request._outputs
                 if outputs == 0 or request.num_prompt_tokens + outputs - computed != 1:
@@ -104,18 +110,6 @@ class SpeculativeDrain:
                 if extra > 0:
                     need += extra
                 tokens.append(q)
-            if len(tokens) < n or total > budget or need > kv.num_free_blocks:
-                break  # not that iteration: a pass decides it
-            if on_step is not None:
-                on_step(engine)
-            requests = list(running)
-            verify = num_verifying = plain = most = kv_read = pairs = 0
-            draft_rows: list[tuple[int, int]] = []
-            for request, q in zip(requests, tokens):
-                computed = request._computed
-                if -(-(computed + q) // bs) > request._blocks:
-                    allocated = kv.allocate(request, computed + q)
-                    assert allocated, "the blocks were counted above"
                 kv_read += computed
                 pairs += q * computed + q * (q + 1) // 2
                 if q > 1:  # a verification: a chunk of q rows, each through lm_head
@@ -123,10 +117,23 @@ class SpeculativeDrain:
                     num_verifying += 1
                     if q - 1 > most:
                         most = q - 1
-                    if priced_by_draft:
-                        draft_rows.append((computed, q - 1))
                 else:
                     plain += 1
+            if len(tokens) < n or total > budget or need > kv.num_free_blocks:
+                break  # not that iteration: a pass decides it
+            if on_step is not None:
+                on_step(engine)
+            # the blocks of every request's rows (KVCacheManager.allocate's arithmetic)
+            draft_rows: list[tuple[int, int]] = []
+            if need or priced_by_draft:
+                for request, q in zip(running, tokens):
+                    computed = request._computed
+                    extra = -(-(computed + q) // bs) - request._blocks
+                    if extra > 0:
+                        request._blocks += extra
+                    if priced_by_draft and q > 1:
+                        draft_rows.append((computed, q - 1))
+                kv.num_free_blocks -= need
             sampled = n + verify - num_verifying if verify else n
             shape = _new_shape(
                 BatchShape, (n, verify, plain, 0, sampled, kv_read, pairs, 0, 0, None, None)
@@ -143,7 +150,7 @@ class SpeculativeDrain:
                 )
             if propose is not None:
                 cost = with_proposals(cost, propose)
-            cpu = engine.cpu_time(n)
+            cpu = cpu_base + cpu_per_seq * n  # Engine.cpu_time
             gpu = cost.time + swap
             if overlap and engine.back_to_back(now):
                 duration = cpu if cpu > gpu else gpu
@@ -151,31 +158,51 @@ class SpeculativeDrain:
                 duration = cpu + gpu
             first = rows.add(now, duration, cost, cpu, n, shape, verify, kv.usage)
             end = now + duration
-            # update_from_output(): acceptances, the rejected drafts' blocks, finishes
+            # update_from_output(): acceptances (Speculator.accept's draws), the rejected
+            # drafts' blocks, the tokens (Request.record_burst), finishes
             finished: list[Request] = []
-            for request, q in zip(requests, tokens):
+            drafted = accepted_total = 0
+            freed = 0
+            for request, q in zip(running, tokens):
                 computed = request._computed
                 if q > 1:
-                    emitted = speculator.accept(request, q - 1) + 1
+                    drafted += q - 1
+                    accepted = streams(request).leading_successes(q - 1)
+                    accepted_total += accepted
+                    emitted = accepted + 1
                     request._computed = computed + emitted
-                    request.record_burst(first, emitted, end)
+                    last = request._last
+                    if last >= 0 and request._group is None:
+                        if last != first - 1:  # a gap in iterations: a new token run
+                            request._segments += (last, first)
+                        request._last = first
+                        request._outputs += emitted
+                    else:
+                        request.record_burst(first, emitted, end)
                     keep = -(-(computed + emitted) // bs)
                     rejected = request._blocks - keep  # blocks of rejected drafts only
                     if rejected > 0:
                         request._blocks = keep
-                        kv.num_free_blocks += rejected
+                        freed += rejected
                 else:
                     request._computed = computed + 1
                     request.record_tokens(first, 1, end)
                 if request._outputs >= request.max_tokens:
                     assert request._outputs == request.max_tokens, "accepted too many"
                     finished.append(request)
-            scheduler._finish(finished, end)
+            if freed:
+                kv.num_free_blocks += freed
+            if num_verifying:
+                speculator.num_verifications += num_verifying
+                speculator.num_draft_tokens += drafted
+                speculator.num_accepted_tokens += accepted_total
             engine.last_end = now = end
             self.num_drained += 1
-            for request in finished:
-                engine.leave(request, end)
-            event = min(event, engine.next_arrival_time(), engine.next_cancel_time())
+            if finished:
+                scheduler._finish(finished, end)
+                for request in finished:
+                    engine.leave(request, end)
+                event = min(event, engine.next_arrival_time(), engine.next_cancel_time())
         rows.flush()
         return now
 

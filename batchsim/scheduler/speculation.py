@@ -43,6 +43,7 @@ class AcceptanceStream:
     def __init__(self, rng: Any, alpha: float):
         self.rng = rng
         self.alpha = alpha
+        self._log_alpha = math.log(alpha) if 0.0 < alpha < 1.0 else 0.0
         self._block: list[float] = []
         self._next = 0
 
@@ -54,6 +55,19 @@ class AcceptanceStream:
             i = 0
         self._next = i + 1
         return self._block[i]
+
+    def leading_successes(self, num_drafts: int) -> int:
+        """How many of ``num_drafts`` drafts are accepted: the leading successes of
+        Bernoulli(alpha) trials, from the next uniform u (as 1 - u in (0, 1]): at least s
+        with probability P(1 - u <= alpha^s) = alpha^s."""
+        u = 1.0 - self.next_uniform()
+        alpha = self.alpha
+        if alpha >= 1.0:
+            return num_drafts
+        if alpha <= 0.0:
+            return 0
+        leading = math.log(u) / self._log_alpha
+        return num_drafts if leading >= num_drafts else int(leading)
 
 
 class Speculator:
@@ -92,6 +106,10 @@ class Speculator:
         """Drafts accepted."""
 
     # ----------------------------------------------------------------- acceptance
+    def streams_of(self, request: Request) -> AcceptanceStream:
+        """``request``'s acceptance stream (created at its first verification)."""
+        return self._stream(request)
+
     def _stream(self, request: Request) -> AcceptanceStream:
         found = self._streams.get(request.request_id)
         if found is not None:
@@ -117,19 +135,9 @@ class Speculator:
         return self._stream(request).alpha
 
     def accept(self, request: Request, num_drafts: int) -> int:
-        """How many of ``num_drafts`` drafts of ``request`` are accepted: the leading
-        successes of Bernoulli(alpha) trials, from one uniform draw u in (0, 1]: at least s
-        with probability P(u <= alpha^s) = alpha^s."""
-        stream = self._stream(request)
-        u = 1.0 - stream.next_uniform()
-        alpha = stream.alpha
-        if alpha >= 1.0:
-            accepted = num_drafts
-        elif alpha <= 0.0:
-            accepted = 0
-        else:
-            leading = math.log(u) / math.log(alpha)
-            accepted = num_drafts if leading >= num_drafts else int(leading)
+        """How many of ``num_drafts`` drafts of ``request`` are accepted
+        (:meth:`AcceptanceStream.leading_successes` of its stream), counted."""
+        accepted = self._stream(request).leading_successes(num_drafts)
         self.num_verifications += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += accepted
