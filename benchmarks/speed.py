@@ -38,7 +38,10 @@ Cases:
       pipeline of P = 2 and P = 4 stages (targets: within 2x of (a)); with speculative decoding
       (``ngram``, k = 4, alpha 0.8; target: within 3x of (a)); 8 replicas behind round_robin at
       8 x the load (16,000 requests, 16 req/s; target: within 1.5x of 8 x one engine of 2,000
-      requests at 2 req/s, also timed).
+      requests at 2 req/s, also timed); a model whose layers alternate sliding-window and full
+      attention (gpt-oss-20b, its decodes a cohort past the window) beside a full-attention
+      model of its size class (Llama-3-8B), both on an H100, for their iterations/s (no target:
+      the two models batch differently).
 
 Start-up, warm, best of 5 (first, a few seconds): ``batchsim --version`` and ``batchsim run`` of
 a 1-request experiment, each as ``python -m batchsim`` in a subprocess, run once to warm the
@@ -114,6 +117,12 @@ FEATURE_CASES = {
     "g: speculative ngram k=4": ({"engine": {"speculative": NGRAM}}, 10_000, 2.0),
     "g: one engine, 2,000 requests": ({}, 2_000, 2.0),
     "g: 8 replicas, 16,000 requests": ({"cluster": {"replicas": 8}}, 16_000, 16.0),
+    "g: llama-3-8b, H100": ({"hardware": "h100-sxm", "model": "llama-3-8b"}, 10_000, 2.0),
+    "g: gpt-oss-20b, H100 (sliding window)": (
+        {"hardware": "h100-sxm", "model": "gpt-oss-20b"},
+        10_000,
+        2.0,
+    ),
 }
 """Case (g): the experiment's extra blocks, its number of requests and its arrival rate."""
 FEATURE_TARGETS = {
