@@ -36,6 +36,26 @@ def _brute_force_blocks(full: int, slide: int, bs: int, window: int, tokens: int
 members_st = st.lists(st.integers(0, 400), min_size=1, max_size=12)
 
 
+def _window_cohort(
+    full: int, slide: int, bs: int, window: int, extra: list[int], ahead: int
+) -> tuple[KVCacheManager, Cohort, list[int]]:
+    """A pool and a cohort of decodes at ``window + e`` computed tokens for each e of
+    ``extra``, each joined holding the brute-force blocks of its tokens; ``ahead`` as the
+    cohort's (the stretch's counts read only the members' offsets)."""
+    kv = KVCacheManager(10**6, bs, window=window, full_groups=full, window_groups=slide)
+    cohort = Cohort(bs, window, full + slide, slide)
+    computed = [window + e for e in extra]
+    for c in computed:
+        r = Request(0, 0.0, c, c + 1000)
+        r._computed, r._outputs, r._last = c, 1, 0
+        r.num_prompt_tokens = c
+        r._blocks = _brute_force_blocks(full, slide, bs, window, c)  # after its last step
+        assert cohort.can_join(r)
+        cohort.join(r)
+    cohort.ahead = ahead  # 1: as after a schedule() that took the next token's blocks
+    return kv, cohort, computed
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     full=st.integers(0, 2),
@@ -50,20 +70,17 @@ def test_cohort_window_growth_matches_a_brute_force_over_tokens_and_groups(
 ) -> None:
     # Members at computed = window + e, their next token's blocks taken (ahead): after k
     # steps each holds the brute-force blocks of computed + k + 1 tokens.
-    kv = KVCacheManager(10**6, bs, window=window, full_groups=full, window_groups=slide)
-    cohort = Cohort(bs, window, full + slide, slide)
-    computed = [window + e for e in extra]
-    for c in computed:
-        r = Request(0, 0.0, c, c + 1000)
-        r._computed, r._outputs, r._last = c, 1, 0
-        r.num_prompt_tokens = c
-        r._blocks = _brute_force_blocks(full, slide, bs, window, c)  # after its last step
-        assert cohort.can_join(r)
-        cohort.join(r)
+    kv, cohort, computed = _window_cohort(full, slide, bs, window, extra, ahead=0)
     need = cohort.crossing() - cohort.freed()
     first = sum(_brute_force_blocks(full, slide, bs, window, c + 1) for c in computed)
     held = sum(_brute_force_blocks(full, slide, bs, window, c) for c in computed)
     assert need == first - held  # the next token's blocks, less what the window frees
+    grows = [
+        _brute_force_blocks(full, slide, bs, window, c + 1)
+        - _brute_force_blocks(full, slide, bs, window, c)
+        for c in computed
+    ]
+    assert cohort.growing() == sum(g for g in grows if g > 0)  # what the pool must have
     cohort.ahead = 1
     later = sum(_brute_force_blocks(full, slide, bs, window, c + steps) for c in computed)
     grown = kv.growth_from_offsets(cohort.offsets(), steps, cohort.window_offsets())
@@ -88,17 +105,8 @@ def test_cohort_window_stretch_never_outgrows_what_stepping_allocates(
     # Stepping allocates each member's next token in turn (new blocks before the blocks a
     # later member frees): the longest stretch that never runs short, by brute force, is
     # what max_growth_from_offsets allows.
-    kv = KVCacheManager(10**6, bs, window=window, full_groups=full, window_groups=slide)
+    kv, cohort, computed = _window_cohort(full, slide, bs, window, extra, ahead=1)
     kv.num_free_blocks = free
-    cohort = Cohort(bs, window, full + slide, slide)
-    computed = [window + e for e in extra]
-    for c in computed:
-        r = Request(0, 0.0, c, c + 1000)
-        r._computed, r._outputs, r._last = c, 1, 0
-        r.num_prompt_tokens = c
-        r._blocks = _brute_force_blocks(full, slide, bs, window, c + 1)
-        cohort.join(r)  # (ahead is set below: blocks of the next token taken)
-    cohort.ahead = 1
     limit = 80
     stepped = grouped = 1  # steps that fit: each member in turn; new blocks before frees
     pool_stepped = pool_grouped = free

@@ -28,7 +28,7 @@ from batchsim.scheduler.config import SchedulerConfig
 from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
 from batchsim.scheduler.toolkit import SchedulerToolkit
-from batchsim.scheduler.windowed import windowed_output, windowed_shape
+from batchsim.scheduler.windowed import batch_output, windowed_shape
 
 _new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
 
@@ -397,43 +397,20 @@ class CohortScheduling(SchedulerToolkit):
                 others = others + [
                     (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
                 ]
-        if self.kv_cache.window is not None:
+        window, hybrid = self.window, self.kv_cache.hybrid_window
+        if self.kv_cache.window is None:
+            base = (kv_read, kv_read + members, 0, 0)
+        else:
             assert batch is not None  # (any requests with a window: make_output above)
-            hybrid = self.kv_cache.hybrid_window
-            return windowed_output(
-                requests, tokens, preempted, batch, others, members, self.window, hybrid
+            shape = windowed_shape(members, kv_read, window, hybrid)
+            base = (
+                shape.kv_read_tokens,
+                shape.attn_pairs,
+                shape.window_kv_read_tokens or 0,
+                shape.window_attn_pairs or 0,
             )
-        decodes = num_decode = sampled = members
-        pairs = kv_read + members
-        prefill = 0
-        for _, request, q in others:
-            computed = request.num_computed_tokens
-            outputs = request.num_output_tokens
-            left = request.num_prompt_tokens + outputs - computed
-            if left == 1 and outputs > 0:
-                decodes += q
-                num_decode += 1
-            else:
-                prefill += q
-            sampled += q == left
-            kv_read += computed
-            pairs += q * computed + q * (q + 1) // 2
-        n = len(requests)
-        shape = _new_shape(
-            BatchShape, (n, prefill, decodes, 0, sampled, kv_read, pairs, 0, 0, None, None)
-        )
-        if batch is not None:
-            batch.requests, batch.size = requests, n
-        return SchedulerOutput(
-            requests,
-            tokens,
-            shape,
-            num_prefill_seqs=n - num_decode,
-            num_decode_seqs=num_decode,
-            num_slots=n,
-            num_output_tokens=sampled,
-            preempted=preempted,
-            batch=batch,
+        return batch_output(
+            requests, tokens, preempted, batch, others, members, base, window, hybrid
         )
 
     def _apply_batch(

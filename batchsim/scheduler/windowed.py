@@ -1,8 +1,9 @@
-"""The iteration of a cohort of decodes that have each computed their sliding window (on
-every layer, or in a hybrid model's sliding-window layers), with the requests scheduled
-around it: its :class:`~batchsim.cost.BatchShape` counted as
-:meth:`~batchsim.cost.BatchShape.from_requests` counts it, in work independent of the
-cohort's size (:class:`~batchsim.scheduler.cohorts.CohortScheduling` builds it)."""
+"""The iteration of a cohort of decodes with the requests scheduled around it, its
+:class:`~batchsim.cost.BatchShape` counted as :meth:`~batchsim.cost.BatchShape.from_requests`
+counts it, in work independent of the cohort's size
+(:class:`~batchsim.scheduler.cohorts.CohortScheduling` builds it); with a sliding window (on
+every layer, or in a hybrid model's sliding-window layers) each member has computed its
+window, so its reads are the whole of it."""
 
 from __future__ import annotations
 
@@ -42,24 +43,24 @@ def windowed_shape(
     return _new_shape(BatchShape, fields)
 
 
-def windowed_output(
+def batch_output(
     requests: list[Request],
     tokens: list[int],
     preempted: list[Request],
-    batch: CohortBatch,
+    batch: CohortBatch | None,
     others: list[tuple[int, Request, int]],
     members: int,
+    base: tuple[int, int, int, int],
     window: int | None,
     hybrid: int | None,
 ) -> SchedulerOutput:
-    """The iteration of ``batch``'s cohort (``members``, each past its window) and
-    ``others`` (position, request, tokens), ``requests`` in all."""
+    """The iteration of ``batch``'s cohort (``members`` decodes whose reads and pairs are
+    ``base``: cached keys and pairs, then those of a ``hybrid`` model's sliding layers) and
+    ``others`` (position, request, tokens), ``requests`` in all, counted as
+    :meth:`~batchsim.cost.BatchShape.from_requests` counts them (``window``: every layer's)."""
     decodes = num_decode = sampled = members
     prefill = 0
-    base = windowed_shape(members, batch.cohort.context_tokens(), window, hybrid)
-    kv_read, pairs = base.kv_read_tokens, base.attn_pairs
-    window_read = base.window_kv_read_tokens or 0
-    window_pairs_sum = base.window_attn_pairs or 0
+    kv_read, pairs, window_read, window_pairs_sum = base
     for _, request, q in others:
         computed = request.num_computed_tokens
         outputs = request.num_output_tokens
@@ -95,7 +96,8 @@ def windowed_output(
             window_pairs_sum,
         )
     shape = _new_shape(BatchShape, fields)
-    batch.requests, batch.size = requests, n
+    if batch is not None:
+        batch.requests, batch.size = requests, n
     return SchedulerOutput(
         requests,
         tokens,
