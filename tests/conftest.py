@@ -159,6 +159,22 @@ def capture_engines() -> Iterator[list[Engine]]:
         yield engines
 
 
+@contextlib.contextmanager
+def without_cohort() -> Iterator[None]:
+    """Run every engine that ``simulate()`` builds with its policy's decode cohort switched
+    off before the engine sees it (each running request scheduled, priced and applied on
+    its own): what the cohort must not change. Works on the compiled build too, whose
+    engine calls the cohort's methods past any patch of them."""
+    real = deployment_engines.Engine
+
+    def build(scheduler: Any, *args: Any, **kwargs: Any) -> Engine:
+        scheduler._cohort = None
+        return real(scheduler, *args, **kwargs)
+
+    with mock.patch.object(deployment_engines, "Engine", build):
+        yield
+
+
 Segments = list[tuple[int, int]]
 
 

@@ -23,7 +23,6 @@ from batchsim.catalog import catalog_dir
 from batchsim.catalog.model_files import load_model
 from batchsim.config import validate_experiment
 from batchsim.cost import BatchShape
-from batchsim.engine.cohort import Cohort
 from batchsim.engine.engine import Engine
 from batchsim.errors import ConfigError
 from batchsim.metrics.summary import percentile, weighted_percentiles
@@ -35,6 +34,7 @@ from conftest import (
     assert_same_run,
     capture_engines,
     tiny_experiment,
+    without_cohort,
 )
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
@@ -578,7 +578,7 @@ def test_the_cohort_of_running_decodes_changes_no_result(scheduler, engine, fast
     scheduler = {**scheduler, "max_num_seqs": 12, "max_num_batched_tokens": 512}
     data = experiment(workload, scheduler, {**engine, "fast_forward": fast_forward})
     with_cohort = sim(data)
-    with mock.patch.object(Cohort, "can_join", return_value=False):
+    with without_cohort():
         without = sim(data)
     assert_same_run(with_cohort, without)
     if not fast_forward:  # the same arithmetic, iteration by iteration: to the last bit

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from typing import Any
-from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +19,13 @@ from hypothesis import strategies as st
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager
 from batchsim.engine.request import Request
-from conftest import assert_same_clock, assert_same_run, simulate_data
+from conftest import (
+    assert_same_clock,
+    assert_same_run,
+    capture_engines,
+    simulate_data,
+    without_cohort,
+)
 
 
 def _brute_force_blocks(full: int, slide: int, bs: int, window: int, tokens: int) -> int:
@@ -181,23 +186,18 @@ def test_a_window_cohort_changes_no_result(
     fast, slow = copy.deepcopy(data), copy.deepcopy(data)
     fast["engine"]["fast_forward"] = True
     slow["engine"]["fast_forward"] = False
-    joins = 0
-    join = Cohort.join
-
-    def counted(self: Cohort, r: Request) -> None:
-        nonlocal joins
-        joins += self.window > 0
-        join(self, r)
-
-    with mock.patch.object(Cohort, "join", counted):
-        stepped = simulate_data(slow)
-    assert joins > 0  # the windowed cohort was used
-    with mock.patch.object(Cohort, "can_join", return_value=False):
+    stepped = simulate_data(slow)
+    with without_cohort():
         alone = simulate_data(slow)
     for column in stepped.iterations.columns:  # the same arithmetic: to the last bit
         assert stepped.iterations[column].equals(alone.iterations[column]), column
     assert stepped.requests.equals(alone.requests)
-    fast_result = simulate_data(fast)
+    with capture_engines() as engines:
+        fast_result = simulate_data(fast)
+    stretch = engines[0].stretch
+    # the windowed cohort was used: stretches priced as runs past the window (without it,
+    # every stretch of a windowed model is priced step by step)
+    assert stretch.num_stretches > stretch.num_stepwise_stretches
     assert_same_run(fast_result, stepped)
     assert_same_clock(fast_result, stepped)
 
@@ -210,7 +210,9 @@ def test_a_stretch_cut_at_the_last_step_of_a_priced_chunk_stops_there() -> None:
     fast, slow = copy.deepcopy(data), copy.deepcopy(data)
     fast["engine"]["fast_forward"] = True
     slow["engine"]["fast_forward"] = False
-    with mock.patch.object(Cohort, "can_join", return_value=False):  # stepwise stretches
+    with capture_engines() as engines, without_cohort():  # stepwise stretches
         a, b = simulate_data(fast), simulate_data(slow)
+    stretch = engines[0].stretch
+    assert 0 < stretch.num_stretches == stretch.num_stepwise_stretches  # no cohort indeed
     assert_same_run(a, b)
     assert_same_clock(a, b)
