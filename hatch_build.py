@@ -45,6 +45,7 @@ COMPILED = (
     "batchsim/engine/repeat.py",
     "batchsim/engine/speculative_drain.py",
     "batchsim/engine/request.py",
+    "batchsim/engine/runs.py",
     "batchsim/engine/stretch.py",
     "batchsim/metrics/columns.py",
     "batchsim/metrics/iterations.py",
@@ -56,6 +57,7 @@ COMPILED = (
     "batchsim/scheduler/output.py",
     "batchsim/scheduler/speculation.py",
     "batchsim/scheduler/toolkit.py",
+    "batchsim/scheduler/windowed.py",
 )
 """The modules compiled: the iteration loop and what it calls at every iteration, the
 mechanism every policy shares (:mod:`batchsim.scheduler.core`, ``toolkit``, ``cohorts`` and
