@@ -169,3 +169,19 @@ def test_the_compiled_build_is_cached_by_every_source_file_and_reused(tmp_path, 
     assert hook._cache_root() is None
     monkeypatch.setenv("BATCHSIM_BUILD_CACHE", str(tmp_path / "cache"))
     assert hook._cache_root() == tmp_path / "cache"
+
+
+def test_every_module_of_the_engine_loop_is_compiled():
+    # The engine loop's modules run at every iteration: one left out of hatch_build.COMPILED
+    # (as runs.py was when it was split out of stretch.py) runs as Python in every compiled
+    # install. prefix_cache's manager subclasses the compiled KVCacheManager and overrides a
+    # property, so it stays interpreted, as the policies do.
+    compiled = set(_load_build_hook().COMPILED)
+    engine = ROOT / "batchsim" / "engine"
+    modules = {
+        f"batchsim/engine/{path.name}"
+        for path in engine.glob("*.py")
+        if path.name not in ("__init__.py", "prefix_cache.py")
+    }
+    assert modules - compiled == set()
+    assert all((ROOT / module).is_file() for module in compiled)  # no stale entry
