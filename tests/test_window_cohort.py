@@ -39,6 +39,15 @@ def _brute_force_blocks(full: int, slide: int, bs: int, window: int, tokens: int
 
 
 members_st = st.lists(st.integers(0, 400), min_size=1, max_size=12)
+COHORTS = {
+    "full": st.integers(0, 2),
+    "slide": st.integers(1, 3),
+    "bs": st.sampled_from([1, 4, 16]),
+    "window": st.integers(2, 120),
+    "extra": members_st,
+}
+"""A windowed cohort: full and sliding layer groups, block size, window, members' tokens past
+the window."""
 
 
 def _window_cohort(
@@ -62,14 +71,7 @@ def _window_cohort(
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    full=st.integers(0, 2),
-    slide=st.integers(1, 3),
-    bs=st.sampled_from([1, 4, 16]),
-    window=st.integers(2, 120),
-    extra=members_st,
-    steps=st.integers(1, 70),
-)
+@given(**COHORTS, steps=st.integers(1, 70))
 def test_cohort_window_growth_matches_a_brute_force_over_tokens_and_groups(
     full: int, slide: int, bs: int, window: int, extra: list[int], steps: int
 ) -> None:
@@ -96,14 +98,7 @@ def test_cohort_window_growth_matches_a_brute_force_over_tokens_and_groups(
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    full=st.integers(0, 2),
-    slide=st.integers(1, 3),
-    bs=st.sampled_from([1, 4, 16]),
-    window=st.integers(2, 120),
-    extra=members_st,
-    free=st.integers(0, 60),
-)
+@given(**COHORTS, free=st.integers(0, 60))
 def test_cohort_window_stretch_never_outgrows_what_stepping_allocates(
     full: int, slide: int, bs: int, window: int, extra: list[int], free: int
 ) -> None:
