@@ -180,8 +180,6 @@ class Cohort(Group):
     def crossing(self) -> int:
         """Blocks the members' next tokens start: one per member (per layer group with a
         window) whose next token starts a new KV block."""
-        if not self.window:
-            return self.residues[-self.steps % self.block_size]
         return self.groups * self.residues[-self.steps % self.block_size]
 
     def freed(self) -> int:

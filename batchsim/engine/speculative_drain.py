@@ -83,9 +83,6 @@ class SpeculativeDrain:
         swap_ms = 0 * options.swap_time_per_block * 1e3
         on_step = engine.on_step
         rows = _Rows(log, swap_ms)
-        streams = speculator.streams_of
-        cpu_base = options.cpu_overhead_base
-        cpu_per_seq = options.cpu_overhead_per_seq
         tokens: list[int] = []
         while now < event:
             if scheduler.waiting or scheduler.swapped or scheduler.transferred:
@@ -123,17 +120,16 @@ class SpeculativeDrain:
                 break  # not that iteration: a pass decides it
             if on_step is not None:
                 on_step(engine)
-            # the blocks of every request's rows (KVCacheManager.allocate's arithmetic)
+            # the blocks of every request's rows
             draft_rows: list[tuple[int, int]] = []
             if need or priced_by_draft:
                 for request, q in zip(running, tokens):
                     computed = request._computed
-                    extra = -(-(computed + q) // bs) - request._blocks
-                    if extra > 0:
-                        request._blocks += extra
+                    if -(-(computed + q) // bs) > request._blocks:
+                        allocated = kv.allocate(request, computed + q)
+                        assert allocated, "the blocks were counted above"
                     if priced_by_draft and q > 1:
                         draft_rows.append((computed, q - 1))
-                kv.num_free_blocks -= need
             sampled = n + verify - num_verifying if verify else n
             shape = _new_shape(
                 BatchShape, (n, verify, plain, 0, sampled, kv_read, pairs, 0, 0, None, None)
@@ -150,7 +146,7 @@ class SpeculativeDrain:
                 )
             if propose is not None:
                 cost = with_proposals(cost, propose)
-            cpu = cpu_base + cpu_per_seq * n  # Engine.cpu_time
+            cpu = engine.cpu_time(n)
             gpu = cost.time + swap
             if overlap and engine.back_to_back(now):
                 duration = cpu if cpu > gpu else gpu
@@ -158,27 +154,15 @@ class SpeculativeDrain:
                 duration = cpu + gpu
             first = rows.add(now, duration, cost, cpu, n, shape, verify, kv.usage)
             end = now + duration
-            # update_from_output(): acceptances (Speculator.accept's draws), the rejected
-            # drafts' blocks, the tokens (Request.record_burst), finishes
+            # update_from_output(): acceptances, the rejected drafts' blocks, finishes
             finished: list[Request] = []
-            drafted = accepted_total = 0
             freed = 0
             for request, q in zip(running, tokens):
                 computed = request._computed
                 if q > 1:
-                    drafted += q - 1
-                    accepted = streams(request).leading_successes(q - 1)
-                    accepted_total += accepted
-                    emitted = accepted + 1
+                    emitted = speculator.accept(request, q - 1) + 1
                     request._computed = computed + emitted
-                    last = request._last
-                    if last >= 0 and request._group is None:
-                        if last != first - 1:  # a gap in iterations: a new token run
-                            request._segments += (last, first)
-                        request._last = first
-                        request._outputs += emitted
-                    else:
-                        request.record_burst(first, emitted, end)
+                    request.record_burst(first, emitted, end)
                     keep = -(-(computed + emitted) // bs)
                     rejected = request._blocks - keep  # blocks of rejected drafts only
                     if rejected > 0:
@@ -192,10 +176,6 @@ class SpeculativeDrain:
                     finished.append(request)
             if freed:
                 kv.num_free_blocks += freed
-            if num_verifying:
-                speculator.num_verifications += num_verifying
-                speculator.num_draft_tokens += drafted
-                speculator.num_accepted_tokens += accepted_total
             engine.last_end = now = end
             self.num_drained += 1
             if finished:

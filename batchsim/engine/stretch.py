@@ -139,14 +139,8 @@ class StretchRunner:
         self.planned: tuple[StepTimes, Cohort, list[Request]] | None = None
         """A replica's drained stretch that reaches its horizon, planned and not applied:
         (its times, the cohort, the running list it runs); see :meth:`drain`."""
-        slopes = self.cost_model.decode_token_slopes
-        self._slopes = (
-            slopes.flops,
-            slopes.bytes,
-            slopes.kv_bytes,
-            slopes.compute_time - slopes.memory_time,
-        )
-        self._deltas: dict[int, tuple[float, float, float, float]] = {}  # per decode rows
+        self._deltas: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        """Per (decode rows, run mode): :meth:`_mode_deltas`."""
         self._pure_rows: dict[tuple[int, int], tuple[float, tuple]] = {}  # drain(): CPU, row
         # What fast-forward did (read by tests and benchmarks; no result depends on them).
         self.num_stretches = 0
@@ -225,9 +219,9 @@ class StretchRunner:
         engine = self.engine
         overlap = engine.options.async_scheduling
         back_to_back = engine.back_to_back(now)
-        deltas = self._deltas.get(rows) if mode == 0 else self._mode_deltas(rows, mode)
+        deltas = self._deltas.get((rows, mode))
         if deltas is None:
-            deltas = self._deltas[rows] = tuple(rows * slope for slope in self._slopes)
+            deltas = self._deltas[(rows, mode)] = self._mode_deltas(rows, mode)
         price = self.cost_model.decode_run_step
         window_read = shape.window_kv_read_tokens if mode == _FULL_LAYERS_GROW else None
         runs: list[tuple] = []
@@ -263,10 +257,13 @@ class StretchRunner:
         return runs, done, start
 
     def _mode_deltas(self, rows: int, mode: int) -> tuple[float, float, float, float]:
-        """Per-step growth of a run's totals for ``mode`` (see :meth:`_price_runs`)."""
+        """Per-step growth of a run's totals (FLOPs, bytes, KV bytes, bound margin) for
+        ``mode`` (see :meth:`_price_runs`)."""
         if mode == _CONSTANT:
             return NO_DELTAS
-        slopes = self.cost_model.full_layer_token_slopes
+        model = self.cost_model
+        full_only = mode == _FULL_LAYERS_GROW
+        slopes = model.full_layer_token_slopes if full_only else model.decode_token_slopes
         return (
             rows * slopes.flops,
             rows * slopes.bytes,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from mypy_extensions import mypyc_attr
 
-from batchsim.cost import BatchShape
 from batchsim.engine.cohort import Cohort
 from batchsim.engine.kv_cache import KVCacheManager, most_steps_that_fit
 from batchsim.engine.request import Request, RequestStatus
@@ -28,9 +27,7 @@ from batchsim.scheduler.config import SchedulerConfig
 from batchsim.scheduler.fast_forward import declaration
 from batchsim.scheduler.output import CohortBatch, SchedulerOutput, StepTimes
 from batchsim.scheduler.toolkit import SchedulerToolkit
-from batchsim.scheduler.windowed import batch_output, windowed_shape
-
-_new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
+from batchsim.scheduler.windowed import batch_output, cohort_shape
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -379,13 +376,7 @@ class CohortScheduling(SchedulerToolkit):
             cohort = batch.cohort
             kv_read = cohort.context_tokens()
             batch.requests, batch.size = requests, members
-            if cohort.window:  # every member reads its whole window
-                shape = windowed_shape(members, kv_read, self.window, self.kv_cache.hybrid_window)
-            else:
-                shape = _new_shape(
-                    BatchShape,
-                    (members, 0, members, 0, members, kv_read, kv_read + members, 0, 0, None, None),
-                )
+            shape = cohort_shape(members, kv_read, self.window, self.kv_cache.hybrid_window)
             return SchedulerOutput(
                 requests, tokens, shape, 0, members, members, members, preempted, batch=batch
             )
@@ -397,20 +388,10 @@ class CohortScheduling(SchedulerToolkit):
                 others = others + [
                     (i, requests[i], tokens[i]) for i in range(batch.tail, len(requests))
                 ]
-        window, hybrid = self.window, self.kv_cache.hybrid_window
-        if self.kv_cache.window is None:
-            base = (kv_read, kv_read + members, 0, 0)
-        else:
-            assert batch is not None  # (any requests with a window: make_output above)
-            shape = windowed_shape(members, kv_read, window, hybrid)
-            base = (
-                shape.kv_read_tokens,
-                shape.attn_pairs,
-                shape.window_kv_read_tokens or 0,
-                shape.window_attn_pairs or 0,
-            )
+        # (with a window, any requests without a cohort went to make_output above)
+        hybrid = self.kv_cache.hybrid_window
         return batch_output(
-            requests, tokens, preempted, batch, others, members, base, window, hybrid
+            requests, tokens, preempted, batch, others, members, kv_read, self.window, hybrid
         )
 
     def _apply_batch(

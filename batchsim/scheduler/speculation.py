@@ -106,10 +106,6 @@ class Speculator:
         """Drafts accepted."""
 
     # ----------------------------------------------------------------- acceptance
-    def streams_of(self, request: Request) -> AcceptanceStream:
-        """``request``'s acceptance stream (created at its first verification)."""
-        return self._stream(request)
-
     def _stream(self, request: Request) -> AcceptanceStream:
         found = self._streams.get(request.request_id)
         if found is not None:

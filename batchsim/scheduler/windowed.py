@@ -15,31 +15,29 @@ from batchsim.scheduler.output import CohortBatch, SchedulerOutput
 _new_shape = tuple.__new__  # builds a BatchShape without its Python-level __new__
 
 
-def windowed_shape(
+def cohort_reads(
     members: int, kv_read: int, window: int | None, hybrid: int | None
-) -> BatchShape:
-    """The shape of the cohort alone: each member reads the W - 1 cached keys of its window
-    and computes W pairs (with a ``hybrid`` model's window, in its sliding layers only; its
-    full-attention layers read the ``kv_read`` cached tokens). ``window``: every layer's."""
+) -> tuple[int, int, int, int]:
+    """(cached keys read, pairs; the same in a ``hybrid`` model's sliding layers) of a
+    cohort's ``members`` decodes, which read ``kv_read`` cached tokens in all: with a window
+    (``window``: every layer's), each member reads the W - 1 cached keys of its window and
+    computes W pairs."""
     if window is not None:
         read = members * (window - 1)
-        fields: tuple = (members, 0, members, 0, members, read, read + members, 0, 0, None, None)
-        return _new_shape(BatchShape, fields)
-    assert hybrid is not None
+        return read, read + members, 0, 0
+    if hybrid is None:
+        return kv_read, kv_read + members, 0, 0
     read = members * (hybrid - 1)
-    fields = (
-        members,
-        0,
-        members,
-        0,
-        members,
-        kv_read,
-        kv_read + members,
-        0,
-        0,
-        read,
-        read + members,
-    )
+    return kv_read, kv_read + members, read, read + members
+
+
+def cohort_shape(members: int, kv_read: int, window: int | None, hybrid: int | None) -> BatchShape:
+    """The shape of the cohort alone (reads as :func:`cohort_reads` counts them)."""
+    read, pairs, window_read, window_pairs_sum = cohort_reads(members, kv_read, window, hybrid)
+    if hybrid is None:
+        fields: tuple = (members, 0, members, 0, members, read, pairs, 0, 0, None, None)
+    else:
+        fields = (members, 0, members, 0, members, read, pairs, 0, 0, window_read, window_pairs_sum)
     return _new_shape(BatchShape, fields)
 
 
@@ -50,17 +48,17 @@ def batch_output(
     batch: CohortBatch | None,
     others: list[tuple[int, Request, int]],
     members: int,
-    base: tuple[int, int, int, int],
+    kv_read: int,
     window: int | None,
     hybrid: int | None,
 ) -> SchedulerOutput:
-    """The iteration of ``batch``'s cohort (``members`` decodes whose reads and pairs are
-    ``base``: cached keys and pairs, then those of a ``hybrid`` model's sliding layers) and
-    ``others`` (position, request, tokens), ``requests`` in all, counted as
-    :meth:`~batchsim.cost.BatchShape.from_requests` counts them (``window``: every layer's)."""
+    """The iteration of ``batch``'s cohort (``members`` decodes reading ``kv_read`` cached
+    tokens, counted by :func:`cohort_reads`) and ``others`` (position, request, tokens),
+    ``requests`` in all, counted as :meth:`~batchsim.cost.BatchShape.from_requests` counts
+    them (``window``: every layer's; ``hybrid``: a hybrid model's sliding layers')."""
     decodes = num_decode = sampled = members
     prefill = 0
-    kv_read, pairs, window_read, window_pairs_sum = base
+    kv_read, pairs, window_read, window_pairs_sum = cohort_reads(members, kv_read, window, hybrid)
     for _, request, q in others:
         computed = request.num_computed_tokens
         outputs = request.num_output_tokens
